@@ -1,0 +1,124 @@
+"""The allocation of a pod: which GPUs each of its containers got, and how much of each.
+
+Written once by the extender at bind, read by everyone else; see annotation.py
+for how it travels on the pod.
+"""
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpushare.request import ContainerRole, JobType
+
+ALLOCATION_VERSION = 1
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+
+class GpuSlice(_Frozen):
+    """The part of one GPU a container holds."""
+
+    index: int
+    uuid: str = ""
+    mem: int = Field(alias="memGiB")
+    core: int = Field(default=0, alias="corePercent")
+    """Compute percent; 0 means no compute limit (memory-only), 100 a whole GPU."""
+    gpu_mem: int = Field(alias="gpuMemGiB")
+    """Memory of the whole GPU (ALIYUN_COM_GPU_MEM_DEV)."""
+
+
+class ContainerAllocation(_Frozen):
+    name: str
+    role: ContainerRole
+    index: int
+    """Position in spec.containers, or in spec.initContainers for init and sidecar roles."""
+    gpus: tuple[GpuSlice, ...]
+    exclusive: bool = False
+    assigned: bool = False
+    """Set by the device plugin once the kubelet's Allocate for this container was answered."""
+
+    @property
+    def mem_per_gpu(self) -> tuple[int, ...]:
+        return tuple(s.mem for s in self.gpus)
+
+
+class PodAllocation(_Frozen):
+    version: Literal[1] = ALLOCATION_VERSION
+    node: str
+    bound_at: datetime = Field(alias="boundAt")
+    containers: tuple[ContainerAllocation, ...]
+
+    @property
+    def assigned(self) -> bool:
+        return all(c.assigned for c in self.containers)
+
+    @property
+    def job_type(self) -> JobType:
+        shared = [c for c in self.containers if not c.exclusive]
+        if not shared:
+            return JobType.EXCLUSIVE
+        if any(s.core for c in shared for s in c.gpus):
+            return JobType.MEMORY_CORE
+        return JobType.MEMORY
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        return tuple(sorted({s.index for c in self.containers for s in c.gpus}))
+
+    @property
+    def exclusive_gpus(self) -> frozenset[int]:
+        return frozenset(s.index for c in self.containers if c.exclusive for s in c.gpus)
+
+    @property
+    def total_mem(self) -> int:
+        """GiB the pod holds while running (app containers and sidecars)."""
+        return sum(s.mem for c in self.containers if c.role.runs_with_apps for s in c.gpus)
+
+    def container(self, name: str) -> ContainerAllocation:
+        for c in self.containers:
+            if c.name == name:
+                return c
+        raise KeyError(f"no container {name!r} in the allocation")
+
+    def charges(self) -> dict[int, tuple[int, int]]:
+        """Memory and compute the pod holds on each GPU it touches.
+
+        Ordinary init containers run one at a time before the others start, and
+        the kubelet hands their devices on to the app containers, so a GPU carries
+        the larger of the biggest init slice and the sum of the running containers.
+        """
+        return charges(self.containers)
+
+    def with_assigned(self, names: Iterable[str]) -> "PodAllocation":
+        wanted = set(names)
+        return self.model_copy(
+            update={
+                "containers": tuple(
+                    c.model_copy(update={"assigned": True}) if c.name in wanted else c
+                    for c in self.containers
+                )
+            }
+        )
+
+
+def charges(containers: Iterable[ContainerAllocation]) -> dict[int, tuple[int, int]]:
+    running: dict[int, list[int]] = {}
+    init_peak: dict[int, list[int]] = {}
+    for container in containers:
+        into = running if container.role.runs_with_apps else init_peak
+        for s in container.gpus:
+            mem, core = into.setdefault(s.index, [0, 0])
+            if container.role.runs_with_apps:
+                into[s.index] = [mem + s.mem, core + s.core]
+            else:
+                into[s.index] = [max(mem, s.mem), max(core, s.core)]
+    result: dict[int, tuple[int, int]] = {}
+    for index in running.keys() | init_peak.keys():
+        run_mem, run_core = running.get(index, (0, 0))
+        init_mem, init_core = init_peak.get(index, (0, 0))
+        result[index] = (max(run_mem, init_mem), max(run_core, init_core))
+    return result

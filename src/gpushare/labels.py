@@ -1,0 +1,74 @@
+"""Node labels that choose how a node shares its GPUs, and how pods are placed on it."""
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Final
+
+from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
+
+LABEL_SCHEDULE: Final = "ack.node.gpu.schedule"
+LABEL_PLACEMENT: Final = "ack.node.gpu.placement"
+LABEL_LEGACY_SHARE: Final = "gpushare"
+LABEL_LEGACY_CGPU: Final = "cgpu"
+LABEL_DISABLE_ISOLATION: Final = "cgpu.disable.isolation"
+
+
+class NodeMode(StrEnum):
+    SHARE = "share"
+    CGPU = "cgpu"
+    CORE_MEM = "core_mem"
+
+    @property
+    def advertised_resources(self) -> tuple[str, ...]:
+        if self is NodeMode.CORE_MEM:
+            return (GPU_MEM, GPU_COUNT, GPU_CORE)
+        return (GPU_MEM, GPU_COUNT)
+
+    @property
+    def isolates_memory(self) -> bool:
+        return self is not NodeMode.SHARE
+
+    @property
+    def isolates_compute(self) -> bool:
+        return self is NodeMode.CORE_MEM
+
+
+class PlacementMode(StrEnum):
+    BINPACK = "binpack"
+    SPREAD = "spread"
+
+
+def node_mode(labels: Mapping[str, str]) -> NodeMode | None:
+    """The node's sharing mode, or None when the node is left to other plugins.
+
+    `ack.node.gpu.schedule` wins over the legacy labels `gpushare=true` (share)
+    and `cgpu=true` (cgpu); any other value of it means "not ours".
+    """
+    value = labels.get(LABEL_SCHEDULE)
+    if value is not None:
+        try:
+            return NodeMode(value.strip().lower())
+        except ValueError:
+            return None
+    if labels.get(LABEL_LEGACY_CGPU, "").lower() == "true":
+        return NodeMode.CGPU
+    if labels.get(LABEL_LEGACY_SHARE, "").lower() == "true":
+        return NodeMode.SHARE
+    return None
+
+
+def placement_mode(
+    labels: Mapping[str, str], default: PlacementMode = PlacementMode.BINPACK
+) -> PlacementMode:
+    """The node's GPU-level placement; an absent or unknown value gives `default`."""
+    try:
+        return PlacementMode(labels.get(LABEL_PLACEMENT, "").strip().lower())
+    except ValueError:
+        return default
+
+
+def isolation_disabled(mode: NodeMode | None, labels: Mapping[str, str]) -> bool:
+    """True when containers on this node run without cGPU isolation (CGPU_DISABLE)."""
+    if mode is None or not mode.isolates_memory:
+        return True
+    return labels.get(LABEL_DISABLE_ISOLATION, "").lower() == "true"

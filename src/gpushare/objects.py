@@ -1,0 +1,115 @@
+"""The slice of Kubernetes objects gpushare reads: pods and nodes, as typed models.
+
+Both cluster adapters and the extender's HTTP bodies parse into these, so the
+rest of the code never handles raw manifests. Unknown fields are ignored.
+"""
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+def _quantities(value: Any) -> Any:
+    # The API sends quantities as strings; YAML users and tests write numbers too.
+    if isinstance(value, dict):
+        return {k: v if isinstance(v, str) else str(v) for k, v in value.items()}
+    return value
+
+
+Quantities = Annotated[dict[str, str], BeforeValidator(_quantities)]
+
+
+class K8sModel(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, populate_by_name=True, alias_generator=to_camel, extra="ignore"
+    )
+
+    def to_manifest(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class ObjectMeta(K8sModel):
+    name: str
+    namespace: str = ""
+    uid: str = ""
+    resource_version: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    creation_timestamp: datetime | None = None
+    deletion_timestamp: datetime | None = None
+
+
+class ResourceRequirements(K8sModel):
+    limits: Quantities = Field(default_factory=dict)
+    requests: Quantities = Field(default_factory=dict)
+
+
+class EnvVar(K8sModel):
+    name: str
+    value: str | None = None
+
+
+class Container(K8sModel):
+    name: str
+    image: str | None = None
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    restart_policy: str | None = None
+    env: list[EnvVar] = Field(default_factory=list)
+
+
+class PodSpec(K8sModel):
+    containers: list[Container] = Field(default_factory=list)
+    init_containers: list[Container] = Field(default_factory=list)
+    node_name: str | None = None
+    scheduler_name: str | None = None
+
+
+class PodStatus(K8sModel):
+    phase: str | None = None
+
+
+class Pod(K8sModel):
+    metadata: ObjectMeta
+    spec: PodSpec = Field(default_factory=PodSpec)
+    status: PodStatus = Field(default_factory=PodStatus)
+
+    @property
+    def key(self) -> str:
+        return f"{self.metadata.namespace}/{self.metadata.name}"
+
+    @property
+    def is_terminated(self) -> bool:
+        """Pods that no longer hold their GPUs: finished, failed or being deleted."""
+        return (
+            self.status.phase in ("Succeeded", "Failed")
+            or self.metadata.deletion_timestamp is not None
+        )
+
+
+class NodeAddress(K8sModel):
+    type: str
+    address: str
+
+
+class NodeStatus(K8sModel):
+    capacity: Quantities = Field(default_factory=dict)
+    allocatable: Quantities = Field(default_factory=dict)
+    addresses: list[NodeAddress] = Field(default_factory=list)
+
+
+class Node(K8sModel):
+    metadata: ObjectMeta
+    status: NodeStatus = Field(default_factory=NodeStatus)
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def internal_ip(self) -> str:
+        for address in self.status.addresses:
+            if address.type == "InternalIP":
+                return address.address
+        return ""

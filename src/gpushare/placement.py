@@ -1,0 +1,373 @@
+"""Fit and choice: does a pod fit on a node, and on which GPUs.
+
+The search is exact (every assignment is tried before "does not fit" is
+said, within a step budget) and the policy only orders the candidates, so
+every policy agrees on what fits and differs only in what it prefers.
+"""
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from itertools import combinations
+from typing import ClassVar
+
+from gpushare.allocation import ContainerAllocation, GpuSlice, PodAllocation
+from gpushare.errors import Refusal, Rule
+from gpushare.inventory import NodeGpus
+from gpushare.labels import LABEL_SCHEDULE, NodeMode
+from gpushare.request import ContainerRequest, JobType, PodRequest
+from gpushare.resources import GPU_CORE
+from gpushare.state import GpuView, NodeView
+
+SEARCH_BUDGET = 4096
+"""Candidate combinations tried per pod and node before giving up; pods of a few
+containers on 8 GPUs need far fewer."""
+
+GpuKey = Callable[[GpuView, int, int], tuple[int, ...]]
+"""Orders candidate GPUs for one container, smallest first: called with the GPU,
+its memory free after the container lands there and its compute free after."""
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    gpus: tuple[tuple[int, ...], ...]
+    """GPU indices per container, in the order of the request's containers."""
+    added: tuple[tuple[int, int, int], ...]
+    """(GPU index, memory, compute) the pod adds to each GPU it touches."""
+
+    @property
+    def added_mem(self) -> int:
+        return sum(mem for _, mem, _ in self.added)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    assignment: Assignment
+    score: float
+    """0..100, higher is better (the scheduler framework's node-score range)."""
+
+
+class PlacementPolicy(ABC):
+    """Chooses GPUs within a node and scores the node. Stateless and shareable:
+    the extender and the simulator call the very same objects."""
+
+    name: ClassVar[str]
+
+    def place(self, view: NodeView, request: PodRequest) -> Placement | None:
+        assignment = search(view, request, self.gpu_key)
+        if assignment is None:
+            return None
+        return Placement(assignment, self.score(view, request, assignment))
+
+    @abstractmethod
+    def gpu_key(self, gpu: GpuView, mem_after: int, core_after: int) -> tuple[int, ...]: ...
+
+    @abstractmethod
+    def score(self, view: NodeView, request: PodRequest, assignment: Assignment) -> float: ...
+
+
+def evaluate(view: NodeView, request: PodRequest, policy: PlacementPolicy) -> Placement | Refusal:
+    """The policy's placement of the pod on the node, or why there is none."""
+    refusal = check_node(view, request)
+    if refusal is not None:
+        return refusal
+    placement = policy.place(view, request)
+    return placement if placement is not None else diagnose(view, request)
+
+
+def extender_score(score: float) -> int:
+    """A policy score (0..100) as the extender's 0..10 integer."""
+    return min(10, max(0, round(score / 10)))
+
+
+def check_node(view: NodeView, request: PodRequest) -> Refusal | None:
+    """Rules that hold whatever runs on the node: mode, GPU count and size, job type."""
+    if view.mode is None:
+        return Refusal(
+            Rule.NODE_NOT_SHARED,
+            f"node {view.name} does not share GPUs: label it "
+            f"{LABEL_SCHEDULE}=share, cgpu or core_mem",
+        )
+    if request.uses_core and view.mode is not NodeMode.CORE_MEM:
+        return Refusal(
+            Rule.NODE_MODE_NO_COMPUTE,
+            f"node {view.name} is in mode {view.mode}, which does not isolate compute; "
+            f"{GPU_CORE} needs a node labelled {LABEL_SCHEDULE}=core_mem",
+        )
+    if not view.gpus:
+        return Refusal(
+            Rule.TOO_FEW_GPUS,
+            f"node {view.name} reports no GPUs (is the gpushare device plugin running there?)",
+        )
+    for container in request.containers:
+        refusal = _check_size(view, container)
+        if refusal is not None:
+            return refusal
+    mixing = _check_job_type(view, request.job_type)
+    if mixing is not None:
+        return mixing
+    healthy = sum(1 for g in view.gpus if g.healthy)
+    needed = max(c.gpus for c in request.containers)
+    if healthy < needed:
+        return Refusal(
+            Rule.UNHEALTHY_GPUS,
+            f"node {view.name} has {healthy} healthy GPUs; the pod needs {needed}",
+        )
+    return None
+
+
+def _check_size(view: NodeView, container: ContainerRequest) -> Refusal | None:
+    if container.gpus > len(view.gpus):
+        return Refusal(
+            Rule.TOO_FEW_GPUS,
+            f"container {container.name!r} needs {container.gpus} GPUs; "
+            f"node {view.name} has {len(view.gpus)}",
+        )
+    if container.exclusive:
+        return None
+    big_enough = [
+        g for g in view.gpus if g.mem_total >= container.mem and g.core_total >= container.core
+    ]
+    if len(big_enough) < container.gpus:
+        largest = max(g.mem_total for g in view.gpus)
+        return Refusal(
+            Rule.GPU_TOO_SMALL,
+            f"container {container.name!r} needs {container.mem} GiB on each of "
+            f"{container.gpus} GPU(s); the largest GPU on node {view.name} has {largest} GiB",
+        )
+    return None
+
+
+def _check_job_type(view: NodeView, job_type: JobType) -> Refusal | None:
+    if job_type is JobType.MEMORY and JobType.MEMORY_CORE in view.job_types:
+        return Refusal(
+            Rule.JOB_TYPE_MIXING,
+            f"node {view.name} runs pods with {GPU_CORE}; pods that ask for GPU memory "
+            f"only are not placed beside them",
+        )
+    if job_type is JobType.MEMORY_CORE and JobType.MEMORY in view.job_types:
+        return Refusal(
+            Rule.JOB_TYPE_MIXING,
+            f"node {view.name} runs pods that ask for GPU memory only; pods with "
+            f"{GPU_CORE} are not placed beside them",
+        )
+    return None
+
+
+def search(view: NodeView, request: PodRequest, key: GpuKey) -> Assignment | None:
+    """An assignment of every container to GPUs, preferring what `key` ranks first."""
+    return _Search(view, request, key).run()
+
+
+class _Search:
+    def __init__(self, view: NodeView, request: PodRequest, key: GpuKey) -> None:
+        self.gpus = view.gpus
+        self.containers = request.containers
+        self.key = key
+        size = len(view.gpus)
+        # The pod's own charge so far on each GPU position.
+        self.run_mem = [0] * size
+        self.run_core = [0] * size
+        self.init_mem = [0] * size
+        self.init_core = [0] * size
+        self.touched = [0] * size
+        self.exclusive = [False] * size
+        self.chosen: list[tuple[int, ...]] = [()] * len(request.containers)
+        self.budget = SEARCH_BUDGET
+        # Hardest first: whole GPUs, then many GPUs, then big slices; init containers
+        # last, because they can reuse what the app containers already hold.
+        self.order = sorted(
+            range(len(self.containers)),
+            key=lambda i: (
+                not self.containers[i].role.runs_with_apps,
+                not self.containers[i].exclusive,
+                -self.containers[i].gpus,
+                -self.containers[i].mem,
+                -self.containers[i].core,
+            ),
+        )
+
+    def run(self) -> Assignment | None:
+        if not self._place(0):
+            return None
+        added = []
+        for pos, gpu in enumerate(self.gpus):
+            if self.touched[pos]:
+                added.append((gpu.index, *self._charge(pos)))
+        gpus = tuple(tuple(self.gpus[p].index for p in chosen) for chosen in self.chosen)
+        return Assignment(gpus=gpus, added=tuple(added))
+
+    def _charge(self, pos: int) -> tuple[int, int]:
+        if self.exclusive[pos]:
+            gpu = self.gpus[pos]
+            return gpu.mem_total, gpu.core_total
+        return (
+            max(self.run_mem[pos], self.init_mem[pos]),
+            max(self.run_core[pos], self.init_core[pos]),
+        )
+
+    def _after(self, pos: int, container: ContainerRequest) -> tuple[int, int] | None:
+        """Memory and compute free on the GPU if the container lands there, or None."""
+        gpu = self.gpus[pos]
+        if container.exclusive:
+            if gpu.whole and not self.touched[pos]:
+                return 0, 0
+            return None
+        if not gpu.usable or self.exclusive[pos]:
+            return None
+        if not self.touched[pos] and gpu.slots < 1:
+            return None
+        if container.role.runs_with_apps:
+            mem = max(self.run_mem[pos] + container.mem, self.init_mem[pos])
+            core = max(self.run_core[pos] + container.core, self.init_core[pos])
+        else:
+            mem = max(self.run_mem[pos], self.init_mem[pos], container.mem)
+            core = max(self.run_core[pos], self.init_core[pos], container.core)
+        if mem > gpu.mem_free or core > gpu.core_free:
+            return None
+        return gpu.mem_free - mem, gpu.core_free - core
+
+    def _apply(self, pos: int, container: ContainerRequest, sign: int) -> None:
+        self.touched[pos] += sign
+        if container.exclusive:
+            self.exclusive[pos] = sign > 0
+        elif container.role.runs_with_apps:
+            self.run_mem[pos] += sign * container.mem
+            self.run_core[pos] += sign * container.core
+        # Init peaks are restored by the caller, which saved them.
+
+    def _place(self, depth: int) -> bool:
+        if depth == len(self.order):
+            return True
+        index = self.order[depth]
+        container = self.containers[index]
+        candidates = []
+        for pos in range(len(self.gpus)):
+            after = self._after(pos, container)
+            if after is not None:
+                candidates.append((self.key(self.gpus[pos], *after), pos))
+        if len(candidates) < container.gpus:
+            return False
+        candidates.sort()
+        ordered = [pos for _, pos in candidates]
+        for combo in combinations(ordered, container.gpus):
+            self.budget -= 1
+            if self.budget < 0:
+                return False
+            saved = [(p, self.init_mem[p], self.init_core[p]) for p in combo]
+            for pos in combo:
+                self._apply(pos, container, +1)
+                if not container.role.runs_with_apps and not container.exclusive:
+                    self.init_mem[pos] = max(self.init_mem[pos], container.mem)
+                    self.init_core[pos] = max(self.init_core[pos], container.core)
+            self.chosen[index] = combo
+            if self._place(depth + 1):
+                return True
+            for pos, init_mem, init_core in saved:
+                self._apply(pos, container, -1)
+                self.init_mem[pos], self.init_core[pos] = init_mem, init_core
+        return False
+
+
+def diagnose(view: NodeView, request: PodRequest) -> Refusal:
+    """Why the pod has no assignment on a node that passed check_node."""
+    for container in request.containers:
+        refusal = _diagnose_alone(view, container)
+        if refusal is not None:
+            return refusal
+    return Refusal(
+        Rule.NO_JOINT_FIT,
+        f"each container fits on node {view.name} alone, but not all together "
+        f"({request.describe()})",
+    )
+
+
+def _diagnose_alone(view: NodeView, c: ContainerRequest) -> Refusal | None:
+    where = f"container {c.name!r} needs {c.describe()}"
+    if c.exclusive:
+        whole = sum(1 for g in view.gpus if g.whole)
+        if whole < c.gpus:
+            return Refusal(
+                Rule.NO_FREE_GPU,
+                f"{where}; {whole} of the {len(view.gpus)} GPUs on node {view.name} "
+                f"are free of other pods",
+            )
+        return None
+    usable = [g for g in view.gpus if g.usable]
+    with_mem = [g for g in usable if g.mem_free >= c.mem]
+    if len(with_mem) < c.gpus:
+        most = max((g.mem_free for g in usable), default=0)
+        return Refusal(
+            Rule.INSUFFICIENT_MEMORY,
+            f"{where}; the most GPU memory free on one GPU of node {view.name} is {most} GiB",
+        )
+    with_core = [g for g in with_mem if g.core_free >= c.core]
+    if len(with_core) < c.gpus:
+        most = max(g.core_free for g in with_mem)
+        return Refusal(
+            Rule.INSUFFICIENT_CORE,
+            f"{where}; among GPUs of node {view.name} with the memory free, the most "
+            f"compute free is {most}%",
+        )
+    if sum(1 for g in with_core if g.slots > 0) < c.gpus:
+        return Refusal(
+            Rule.PODS_PER_GPU,
+            f"{where}; the GPUs of node {view.name} with room already hold the "
+            f"maximum number of pods per GPU",
+        )
+    return None
+
+
+def to_allocation(
+    request: PodRequest, assignment: Assignment, inventory: NodeGpus, bound_at: datetime
+) -> PodAllocation:
+    """The allocation record for a pod placed by `assignment` on the node."""
+    containers = []
+    for container, indices in zip(request.containers, assignment.gpus, strict=True):
+        slices = []
+        for index in indices:
+            gpu = inventory.gpu(index)
+            slices.append(
+                GpuSlice(
+                    index=index,
+                    uuid=gpu.uuid,
+                    mem=gpu.mem if container.exclusive else container.mem,
+                    core=gpu.core if container.exclusive else container.core,
+                    gpu_mem=gpu.mem,
+                )
+            )
+        containers.append(
+            ContainerAllocation(
+                name=container.name,
+                role=container.role,
+                index=container.index,
+                gpus=tuple(slices),
+                exclusive=container.exclusive,
+            )
+        )
+    return PodAllocation(node=inventory.node, bound_at=bound_at, containers=tuple(containers))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChoice:
+    node: str
+    placement: Placement
+
+
+def choose_node(
+    views: Iterable[NodeView],
+    request: PodRequest,
+    policy_of: Callable[[NodeView], PlacementPolicy],
+) -> NodeChoice | dict[str, Refusal]:
+    """The best-scoring node, ties going to the one that comes first in `views`;
+    or every node's reason when none fits (what a scheduler does end to end)."""
+    best: NodeChoice | None = None
+    refusals: dict[str, Refusal] = {}
+    for view in views:
+        result = evaluate(view, request, policy_of(view))
+        if isinstance(result, Refusal):
+            refusals[view.name] = result
+        elif best is None or result.score > best.placement.score:
+            best = NodeChoice(view.name, result)
+    return best if best is not None else refusals

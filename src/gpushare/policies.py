@@ -1,0 +1,57 @@
+"""The placement policies the extender chooses from, by name.
+
+binpack fills the fullest GPU that fits (fewer GPUs touched, more whole GPUs left);
+spread picks the emptiest (less interference between pods).
+"""
+
+from gpushare.labels import PlacementMode
+from gpushare.placement import Assignment, PlacementPolicy
+from gpushare.request import PodRequest
+from gpushare.state import GpuView, NodeView
+
+
+def _free_after(view: NodeView, assignment: Assignment) -> float:
+    total = view.mem_total
+    if total <= 0:
+        return 0.0
+    return max(view.mem_free - assignment.added_mem, 0) / total
+
+
+class BinpackPolicy(PlacementPolicy):
+    name = "binpack"
+
+    def gpu_key(self, gpu: GpuView, mem_after: int, core_after: int) -> tuple[int, ...]:
+        return (mem_after, core_after, gpu.index)
+
+    def score(self, view: NodeView, request: PodRequest, assignment: Assignment) -> float:
+        return 100.0 * (1.0 - _free_after(view, assignment))
+
+
+class SpreadPolicy(PlacementPolicy):
+    name = "spread"
+
+    def gpu_key(self, gpu: GpuView, mem_after: int, core_after: int) -> tuple[int, ...]:
+        return (-mem_after, -core_after, gpu.index)
+
+    def score(self, view: NodeView, request: PodRequest, assignment: Assignment) -> float:
+        return 100.0 * _free_after(view, assignment)
+
+
+POLICIES: dict[str, PlacementPolicy] = {
+    BinpackPolicy.name: BinpackPolicy(),
+    SpreadPolicy.name: SpreadPolicy(),
+}
+
+
+def policy_named(name: str) -> PlacementPolicy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown placement policy {name!r}; known: {', '.join(sorted(POLICIES))}"
+        ) from None
+
+
+def policy_for(mode: PlacementMode) -> PlacementPolicy:
+    """The policy a node's `ack.node.gpu.placement` label asks for."""
+    return POLICIES[mode.value]

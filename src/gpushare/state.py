@@ -1,0 +1,273 @@
+"""What is allocated where: per node, per GPU, rebuilt from pod annotations alone.
+
+`NodeState` keeps the running totals for one node and hands placement an
+immutable `NodeView`; `ClusterState` is the set of them plus the pod index.
+Neither is thread-safe: the extender serialises access around them.
+"""
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from gpushare import annotation
+from gpushare.allocation import PodAllocation
+from gpushare.errors import AnnotationError
+from gpushare.inventory import NodeGpus, node_gpus
+from gpushare.labels import NodeMode, PlacementMode
+from gpushare.objects import Node, Pod
+from gpushare.request import JobType
+from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """One GPU as placement sees it."""
+
+    index: int
+    mem_total: int
+    core_total: int
+    mem_free: int
+    core_free: int
+    slots: int
+    """How many more pods may share this GPU."""
+    whole: bool
+    """Healthy and holding no pod: may be given out exclusively."""
+    usable: bool
+    """Healthy and not held exclusively by a pod."""
+    healthy: bool = True
+    model: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One node as placement sees it: immutable, cheap to share, hashable."""
+
+    name: str
+    mode: NodeMode | None
+    placement: PlacementMode
+    gpus: tuple[GpuView, ...]
+    job_types: frozenset[JobType] = frozenset()
+    """Job types of the pods already sharing GPUs on this node."""
+
+    @property
+    def mem_total(self) -> int:
+        return sum(g.mem_total for g in self.gpus)
+
+    @property
+    def mem_free(self) -> int:
+        return sum(g.mem_free for g in self.gpus if g.usable)
+
+
+@dataclass(slots=True)
+class _GpuLoad:
+    mem: int = 0
+    core: int = 0
+    pods: set[str] = field(default_factory=set)
+    exclusive_pod: str | None = None
+
+
+class NodeState:
+    def __init__(self, inventory: NodeGpus) -> None:
+        self.version = 0
+        self._start(inventory)
+
+    def _start(self, inventory: NodeGpus) -> None:
+        self.inventory = inventory
+        self.pods: dict[str, PodAllocation] = {}
+        self._loads = {gpu.index: _GpuLoad() for gpu in inventory.gpus}
+        self._job_types: Counter[JobType] = Counter()
+        self._changed()
+
+    @property
+    def name(self) -> str:
+        return self.inventory.node
+
+    def add(self, pod_key: str, allocation: PodAllocation) -> None:
+        if pod_key in self.pods:
+            self.remove(pod_key)
+        self.pods[pod_key] = allocation
+        exclusive = allocation.exclusive_gpus
+        for index, (mem, core) in allocation.charges().items():
+            load = self._loads.get(index)
+            if load is None:  # a GPU the node no longer reports; nothing to charge
+                continue
+            load.mem += mem
+            load.core += core
+            load.pods.add(pod_key)
+            if index in exclusive:
+                load.exclusive_pod = pod_key
+        self._job_types[allocation.job_type] += 1
+        self._changed()
+
+    def remove(self, pod_key: str) -> PodAllocation | None:
+        allocation = self.pods.pop(pod_key, None)
+        if allocation is None:
+            return None
+        for index, (mem, core) in allocation.charges().items():
+            load = self._loads.get(index)
+            if load is None:
+                continue
+            load.mem -= mem
+            load.core -= core
+            load.pods.discard(pod_key)
+            if load.exclusive_pod == pod_key:
+                load.exclusive_pod = None
+        self._job_types[allocation.job_type] -= 1
+        if not self._job_types[allocation.job_type]:
+            del self._job_types[allocation.job_type]
+        self._changed()
+        return allocation
+
+    def replace_inventory(self, inventory: NodeGpus) -> None:
+        """New labels or GPUs for the node; what runs on it stays."""
+        pods = self.pods
+        self._start(inventory)
+        for key, allocation in pods.items():
+            self.add(key, allocation)
+
+    def used(self, index: int) -> tuple[int, int, int]:
+        """Memory, compute and number of pods on one GPU."""
+        load = self._loads[index]
+        return load.mem, load.core, len(load.pods)
+
+    def pods_on(self, index: int) -> frozenset[str]:
+        return frozenset(self._loads[index].pods)
+
+    def view(self) -> NodeView:
+        if self._view is None:
+            self._view = self._make_view()
+        return self._view
+
+    def _changed(self) -> None:
+        self.version += 1
+        self._view = None
+
+    def _make_view(self) -> NodeView:
+        inventory = self.inventory
+        gpus = []
+        for gpu in inventory.gpus:
+            load = self._loads[gpu.index]
+            usable = gpu.healthy and load.exclusive_pod is None
+            gpus.append(
+                GpuView(
+                    index=gpu.index,
+                    mem_total=gpu.mem,
+                    core_total=gpu.core,
+                    mem_free=max(gpu.mem - load.mem, 0) if usable else 0,
+                    core_free=max(gpu.core - load.core, 0) if usable else 0,
+                    slots=max(inventory.max_pods_per_gpu - len(load.pods), 0) if usable else 0,
+                    whole=usable and not load.pods,
+                    usable=usable,
+                    healthy=gpu.healthy,
+                    model=gpu.model,
+                )
+            )
+        shared = frozenset(t for t in self._job_types if t is not JobType.EXCLUSIVE)
+        return NodeView(
+            name=inventory.node,
+            mode=inventory.mode,
+            placement=inventory.placement,
+            gpus=tuple(gpus),
+            job_types=shared,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A comparable picture of a cluster's allocations: node → GPU → (mem, core, pods)."""
+
+    gpus: dict[str, dict[int, tuple[int, int, frozenset[str]]]]
+    pods: dict[str, PodAllocation]
+
+
+class ClusterState:
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeState] = {}
+        self.pod_nodes: dict[str, str] = {}
+        self.unplaced: dict[str, PodAllocation] = {}
+        """Allocations naming a node the state does not know (yet)."""
+
+    def set_node(self, inventory: NodeGpus) -> NodeState:
+        state = self.nodes.get(inventory.node)
+        if state is None:
+            state = self.nodes[inventory.node] = NodeState(inventory)
+            for key, allocation in list(self.unplaced.items()):
+                if allocation.node == inventory.node:
+                    del self.unplaced[key]
+                    self.add_pod(key, allocation)
+        elif state.inventory != inventory:
+            state.replace_inventory(inventory)
+        return state
+
+    def remove_node(self, name: str) -> None:
+        state = self.nodes.pop(name, None)
+        if state is None:
+            return
+        for key, allocation in state.pods.items():
+            self.pod_nodes.pop(key, None)
+            self.unplaced[key] = allocation
+
+    def add_pod(self, pod_key: str, allocation: PodAllocation) -> None:
+        self.remove_pod(pod_key)
+        state = self.nodes.get(allocation.node)
+        if state is None:
+            self.unplaced[pod_key] = allocation
+            return
+        state.add(pod_key, allocation)
+        self.pod_nodes[pod_key] = allocation.node
+
+    def remove_pod(self, pod_key: str) -> PodAllocation | None:
+        self.unplaced.pop(pod_key, None)
+        node = self.pod_nodes.pop(pod_key, None)
+        if node is None or node not in self.nodes:
+            return None
+        return self.nodes[node].remove(pod_key)
+
+    def allocation(self, pod_key: str) -> PodAllocation | None:
+        node = self.pod_nodes.get(pod_key)
+        if node is not None:
+            return self.nodes[node].pods.get(pod_key)
+        return self.unplaced.get(pod_key)
+
+    def snapshot(self) -> Snapshot:
+        gpus = {
+            name: {
+                gpu.index: (*state.used(gpu.index)[:2], state.pods_on(gpu.index))
+                for gpu in state.inventory.gpus
+            }
+            for name, state in self.nodes.items()
+        }
+        pods = {key: state.pods[key] for state in self.nodes.values() for key in state.pods}
+        return Snapshot(gpus=gpus, pods=pods)
+
+    @classmethod
+    def rebuild(
+        cls,
+        nodes: Iterable[Node],
+        pods: Iterable[Pod],
+        default_placement: PlacementMode = PlacementMode.BINPACK,
+        max_pods_per_gpu: int = DEFAULT_MAX_PODS_PER_GPU,
+    ) -> tuple["ClusterState", list[str]]:
+        """The cluster's allocations from node objects and pod annotations alone.
+
+        Returns the state and one line per object that could not be read, so the
+        caller can log them; an unreadable pod is left out, never guessed at.
+        """
+        state = cls()
+        problems: list[str] = []
+        for node in nodes:
+            try:
+                state.set_node(node_gpus(node, default_placement, max_pods_per_gpu))
+            except AnnotationError as err:
+                problems.append(f"node {node.name}: {err}")
+        for pod in pods:
+            if pod.is_terminated:
+                continue
+            try:
+                allocation = annotation.decode(pod)
+            except AnnotationError as err:
+                problems.append(f"pod {pod.key}: {err}")
+                continue
+            if allocation is not None:
+                state.add_pod(pod.key, allocation)
+        return state, problems

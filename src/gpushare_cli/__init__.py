@@ -1,0 +1,1 @@
+"""Command-line entry points: `gpushare` (demo, simulate) and the tools around it."""

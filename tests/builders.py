@@ -78,7 +78,7 @@ def request(**kwargs) -> PodRequest:
 def inventory(
     layout: str = "2x16GiB",
     node: str = "n1",
-    mode: NodeMode | None = NodeMode.CGPU,
+    mode: NodeMode | str | None = NodeMode.CGPU,
     placement: PlacementMode = PlacementMode.BINPACK,
     max_pods_per_gpu: int = 20,
     unhealthy: tuple[int, ...] = (),
@@ -87,7 +87,7 @@ def inventory(
         Gpu(g.index, g.uuid, g.mem, g.model, g.core, g.index not in unhealthy)
         for g in parse_layout(layout, node)
     )
-    return NodeGpus(node, mode, placement, gpus, max_pods_per_gpu)
+    return NodeGpus(node, NodeMode(mode) if mode else None, placement, gpus, max_pods_per_gpu)
 
 
 def node_state(layout: str = "2x16GiB", **kwargs) -> NodeState:

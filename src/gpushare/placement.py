@@ -89,7 +89,7 @@ def check_node(view: NodeView, request: PodRequest) -> Refusal | None:
             f"node {view.name} does not share GPUs: label it "
             f"{LABEL_SCHEDULE}=share, cgpu or core_mem",
         )
-    if request.uses_core and view.mode is not NodeMode.CORE_MEM:
+    if request.uses_core and view.mode != NodeMode.CORE_MEM:
         return Refusal(
             Rule.NODE_MODE_NO_COMPUTE,
             f"node {view.name} is in mode {view.mode}, which does not isolate compute; "

@@ -1,0 +1,96 @@
+"""The container environment contract, written by the plugin and read by the agent."""
+
+import pytest
+
+from gpushare import environment as env
+from gpushare.objects import Pod
+from gpushare.placement import Placement, evaluate, to_allocation
+from gpushare.policies import BinpackPolicy
+from gpushare.request import parse_pod_request
+from tests.builders import T0, container, node_state, pod
+
+
+def allocated(p: Pod, layout: str = "4x16GiB", **kwargs):
+    request = parse_pod_request(p)
+    assert request is not None
+    state = node_state(layout, **kwargs)
+    result = evaluate(state.view(), request, BinpackPolicy())
+    assert isinstance(result, Placement)
+    return to_allocation(request, result.assignment, state.inventory, T0)
+
+
+def test_a_slice_gets_the_cgpu_variables():
+    p = pod("a", mem=3)
+    allocation = allocated(p)
+    variables = env.container_env(p, allocation, allocation.containers[0], isolation_disabled=False)
+    gpu = allocation.containers[0].gpus[0]
+    assert variables["NVIDIA_VISIBLE_DEVICES"] == gpu.uuid
+    assert variables["ALIYUN_COM_GPU_MEM_IDX"] == "0"
+    assert variables["ALIYUN_COM_GPU_MEM_CONTAINER"] == "3"
+    assert variables["ALIYUN_COM_GPU_MEM_DEV"] == "16"
+    assert variables["ALIYUN_COM_GPU_MEM_POD"] == "3"
+    assert variables["ALIYUN_COM_GPU_SCHD_WEIGHT"] == "1"
+    assert variables["ALIYUN_COM_GPU_HIGH_PRIO"] == "0"
+    assert "CGPU_DISABLE" not in variables
+
+
+def test_multi_gpu_slices_are_comma_lists():
+    p = pod("split", mem=8, labels={"aliyun.com/gpu-count": "4"})
+    allocation = allocated(p)
+    variables = env.container_env(p, allocation, allocation.containers[0], False)
+    assert variables["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2,2,2,2"
+    assert variables["ALIYUN_COM_GPU_MEM_IDX"] == "0,1,2,3"
+    assert len(variables["NVIDIA_VISIBLE_DEVICES"].split(",")) == 4
+
+
+def test_share_mode_and_exclusive_gpus_run_without_isolation():
+    p = pod("a", mem=3)
+    allocation = allocated(p)
+    assert (
+        env.container_env(p, allocation, allocation.containers[0], True)["CGPU_DISABLE"] == "true"
+    )
+    whole = pod("w", count=1)
+    allocation = allocated(whole)
+    assert (
+        env.container_env(whole, allocation, allocation.containers[0], False)["CGPU_DISABLE"]
+        == "true"
+    )
+
+
+def test_weight_and_priority_come_from_the_pods_own_env():
+    spec = container("c", mem=2)
+    spec["env"] = [
+        {"name": "ALIYUN_COM_GPU_SCHD_WEIGHT", "value": "4"},
+        {"name": "ALIYUN_COM_GPU_HIGH_PRIO", "value": "1"},
+    ]
+    p = pod("weighted", containers=[spec])
+    allocation = allocated(p)
+    variables = env.container_env(p, allocation, allocation.containers[0], False)
+    limits = env.limits_from_env(variables)
+    assert limits is not None
+    assert limits.weight == 4 and limits.high_priority
+
+
+def test_the_agent_reads_back_what_the_plugin_wrote():
+    p = pod("a", mem=2, core=30)
+    allocation = allocated(p, mode="core_mem")
+    variables = env.container_env(p, allocation, allocation.containers[0], False)
+    limits = env.limits_from_env(variables)
+    assert limits == env.ContainerLimits(
+        pod="default/a",
+        container="main",
+        gpu_uuids=(allocation.containers[0].gpus[0].uuid,),
+        gpu_indices=(0,),
+        mem_gib=(2,),
+        dev_mem_gib=(16,),
+        core_percent=(30,),
+    )
+
+
+def test_processes_gpushare_did_not_start_have_no_limits():
+    assert env.limits_from_env({"PATH": "/bin"}) is None
+
+
+def test_a_malformed_variable_is_named():
+    with pytest.raises(ValueError, match="ALIYUN_COM_GPU_MEM_CONTAINER"):
+        env.limits_from_env({"ALIYUN_COM_GPU_MEM_CONTAINER": "two"})

@@ -60,6 +60,11 @@ class PlacementPolicy(ABC):
             return None
         return Placement(assignment, self.score(view, request, assignment))
 
+    def observe(self, request: PodRequest) -> None:
+        """Learn from a pod the scheduler asks about (the extender calls this once per
+        pod at filter time). Policies that adapt to the workload override it."""
+        return None
+
     @abstractmethod
     def gpu_key(self, gpu: GpuView, mem_after: int, core_after: int) -> tuple[int, ...]: ...
 

@@ -18,7 +18,7 @@ from gpushare.inventory import NodeGpus
 from gpushare.labels import LABEL_SCHEDULE, NodeMode
 from gpushare.request import ContainerRequest, JobType, PodRequest
 from gpushare.resources import GPU_CORE
-from gpushare.state import GpuView, NodeView
+from gpushare.state import GpuView, NodeState, NodeView
 
 SEARCH_BUDGET = 4096
 """Candidate combinations tried per pod and node before giving up; pods of a few
@@ -53,6 +53,9 @@ class PlacementPolicy(ABC):
     the extender and the simulator call the very same objects."""
 
     name: ClassVar[str]
+    epoch: int = 0
+    """Bumped by policies that learn, whenever what they learned changes their scores,
+    so cached placements made under the old knowledge are not reused."""
 
     def place(self, view: NodeView, request: PodRequest) -> Placement | None:
         assignment = search(view, request, self.gpu_key)
@@ -352,6 +355,34 @@ def to_allocation(
             )
         )
     return PodAllocation(node=inventory.node, bound_at=bound_at, containers=tuple(containers))
+
+
+class PlacementCache:
+    """evaluate() results per node, reused until that node changes.
+
+    A stream of pods changes one node per placement, so with the cache a scheduler
+    re-evaluates one node per pod instead of all of them. Keys are the node's
+    state version, the policy (and its epoch) and the request's shape.
+    """
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, tuple[int, dict[tuple[object, ...], Placement | Refusal]]] = {}
+
+    def evaluate(
+        self, state: NodeState, request: PodRequest, policy: PlacementPolicy
+    ) -> Placement | Refusal:
+        entry = self._nodes.get(state.name)
+        if entry is None or entry[0] != state.version:
+            entry = (state.version, {})
+            self._nodes[state.name] = entry
+        key = (policy.name, policy.epoch, request.shape)
+        result = entry[1].get(key)
+        if result is None:
+            result = entry[1][key] = evaluate(state.view(), request, policy)
+        return result
+
+    def forget(self, node: str) -> None:
+        self._nodes.pop(node, None)
 
 
 @dataclass(frozen=True, slots=True)

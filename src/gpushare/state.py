@@ -8,6 +8,7 @@ Neither is thread-safe: the extender serialises access around them.
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import count
 
 from gpushare import annotation
 from gpushare.allocation import PodAllocation
@@ -66,9 +67,13 @@ class _GpuLoad:
     exclusive_pod: str | None = None
 
 
+_VERSIONS = count(1)
+"""One sequence for every NodeState, so a version never repeats across objects and
+caches keyed on (node, version) cannot confuse a rebuilt state with an old one."""
+
+
 class NodeState:
     def __init__(self, inventory: NodeGpus) -> None:
-        self.version = 0
         self._start(inventory)
 
     def _start(self, inventory: NodeGpus) -> None:
@@ -139,7 +144,7 @@ class NodeState:
         return self._view
 
     def _changed(self) -> None:
-        self.version += 1
+        self.version = next(_VERSIONS)
         self._view = None
 
     def _make_view(self) -> NodeView:

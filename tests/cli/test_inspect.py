@@ -177,3 +177,43 @@ def test_help_explains_the_arguments():
     assert result.returncode == 0
     for flag in ("NODE", "--details", "--kubeconfig"):
         assert flag in result.stdout
+
+
+class _FakeKubeCluster:
+    """Stands in for kubecluster.KubeCluster (the Kubernetes adapter, another part)."""
+
+    opened: list[str | None] = []
+    cluster: MemoryCluster
+
+    @classmethod
+    def from_config(cls, kubeconfig: str | None) -> MemoryCluster:
+        cls.opened.append(kubeconfig)
+        return cls.cluster
+
+
+@pytest.fixture
+def kube(monkeypatch, cluster):
+    _FakeKubeCluster.opened = []
+    _FakeKubeCluster.cluster = cluster
+    module = type(sys)("kubecluster")
+    module.KubeCluster = _FakeKubeCluster
+    monkeypatch.setitem(sys.modules, "kubecluster", module)
+    return _FakeKubeCluster
+
+
+def test_main_reads_the_cluster_of_the_given_kubeconfig(kube, capsys):
+    assert inspect.main(["--kubeconfig", "/tmp/kc", "-d", "gpu-a"]) == 0
+    assert kube.opened == ["/tmp/kc"]
+    out = capsys.readouterr().out
+    assert "train-1  default" in out and "gpu-b" not in out
+
+
+def test_main_defaults_to_in_cluster_or_kubeconfig_env(kube, capsys):
+    assert inspect.main([]) == 0
+    assert kube.opened == [None]
+    assert capsys.readouterr().out.rstrip("\n") == SUMMARY
+
+
+def test_main_names_an_unknown_node_and_fails(kube, capsys):
+    assert inspect.main(["nope"]) == 1
+    assert 'node "nope" not found' in capsys.readouterr().err

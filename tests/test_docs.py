@@ -9,7 +9,14 @@ from gpushare.errors import Rule
 from gpushare.labels import NodeMode
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = sorted([ROOT / "README.md", ROOT / "examples" / "README.md", *(ROOT / "docs").glob("*.md")])
+PAGES = sorted(
+    [
+        ROOT / "README.md",
+        ROOT / "examples" / "README.md",
+        ROOT / "helm" / "gpushare" / "README.md",
+        *(ROOT / "docs").glob("*.md"),
+    ]
+)
 
 
 def test_troubleshooting_explains_every_rule():

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import tomllib
+from urllib.parse import urlsplit
 from pathlib import Path
 
 import helm_python as helm
@@ -658,3 +659,23 @@ def test_each_entry_point_accepts_the_flags_the_chart_passes(command):
     assert not missing, f"{command} --help does not list {sorted(missing)}"
     scripts = tomllib.loads((CHART.parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts.get(command) == f"{module}:main"
+
+
+def test_chart_config_means_what_the_standalone_example_means(default):
+    """config/kube-scheduler-config.yaml (the extender's example for running the second
+    scheduler by hand) and the chart's rendering must describe the same scheduler."""
+    example_path = CHART.parents[1] / "config" / "kube-scheduler-config.yaml"
+    if not example_path.exists():
+        pytest.skip("config/kube-scheduler-config.yaml is not in this tree yet")
+    example = yaml.safe_load(example_path.read_text())
+    chart = scheduler_config(default)
+    assert example["profiles"][0]["schedulerName"] == chart["profiles"][0]["schedulerName"]
+    assert example["leaderElection"]["resourceName"] != "kube-scheduler"
+    [theirs] = example["extenders"]
+    [ours] = chart["extenders"]
+    for key in ("filterVerb", "prioritizeVerb", "bindVerb", "nodeCacheCapable", "ignorable"):
+        assert theirs.get(key) == ours.get(key), key
+    assert urlsplit(theirs["urlPrefix"]).path.rstrip("/") == urlsplit(ours["urlPrefix"]).path
+    assert {r["name"] for r in theirs["managedResources"]} == {
+        r["name"] for r in ours["managedResources"]
+    }

@@ -11,8 +11,8 @@ import sys
 import tempfile
 import threading
 import tomllib
-from urllib.parse import urlsplit
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import helm_python as helm
 import pytest

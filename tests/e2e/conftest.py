@@ -101,11 +101,6 @@ def install(kind: Kind) -> Deployed:
     return Deployed(kind, modes)
 
 
-@pytest.fixture(scope="session")
-def kind(deployed: Deployed) -> Kind:
-    return deployed.kind
-
-
 def venv_bin() -> Path:
     """Where the project's console scripts are, so kubectl finds the inspect plugin."""
     return Path(sys.executable).parent

@@ -1,0 +1,90 @@
+{{/* Names, labels and images shared by every template. */}}
+
+{{- define "gpushare.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpushare.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpushare.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "gpushare.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpushare
+{{- end }}
+
+{{/* Selector labels of one component: (dict "root" $ "component" "node"). */}}
+{{- define "gpushare.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpushare.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "gpushare.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* The stock kube-scheduler, by default of the cluster's own minor version. */}}
+{{- define "gpushare.schedulerImage" -}}
+{{- $minor := .Capabilities.KubeVersion.Minor | trimSuffix "+" }}
+{{- $tag := default (printf "v%s.%s.0" .Capabilities.KubeVersion.Major $minor) .Values.scheduler.image.tag }}
+{{- printf "%s:%s" .Values.scheduler.image.repository $tag }}
+{{- end }}
+
+{{- define "gpushare.serviceAccountName" -}}
+{{- printf "%s-%s" (include "gpushare.fullname" .root) .component }}
+{{- end }}
+
+{{- define "gpushare.extenderServiceName" -}}
+{{- printf "%s-extender" (include "gpushare.fullname" .) }}
+{{- end }}
+
+{{- define "gpushare.webhookSecretName" -}}
+{{- printf "%s-webhook-tls" (include "gpushare.fullname" .) }}
+{{- end }}
+
+{{- define "gpushare.leaseNamespace" -}}
+{{- default .Release.Namespace .Values.scheduler.leaderElection.resourceNamespace }}
+{{- end }}
+
+{{/* NODE_NAME and the GPU backend, as the device plugin and the isolation agent read them. */}}
+{{- define "gpushare.nodeEnv" -}}
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+- name: GPUSHARE_BACKEND
+  value: {{ .Values.gpu.backend | quote }}
+{{- if eq .Values.gpu.backend "mock" }}
+- name: GPUSHARE_MOCK_GPUS
+  value: {{ .Values.gpu.mockGpus | quote }}
+{{- else }}
+{{- /* The NVIDIA container runtime then mounts the driver and every GPU, so NVML works. */}}
+- name: NVIDIA_VISIBLE_DEVICES
+  value: all
+- name: NVIDIA_DRIVER_CAPABILITIES
+  value: utility
+{{- end }}
+{{- end }}
+
+{{- define "gpushare.backendArgs" -}}
+- --node-name=$(NODE_NAME)
+- --backend={{ .Values.gpu.backend }}
+{{- if eq .Values.gpu.backend "mock" }}
+- --mock-gpus={{ .Values.gpu.mockGpus }}
+{{- end }}
+- --log-level={{ .Values.logLevel }}
+{{- end }}

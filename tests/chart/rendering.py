@@ -1,0 +1,102 @@
+"""The chart rendered by Helm's own engine (helm-python-sdk binds Helm's Go SDK),
+and each object loaded into the Kubernetes API models of the official client."""
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import yaml
+from kubernetes.client import ApiClient
+
+CHART = Path(__file__).resolve().parents[2] / "helm" / "gpushare"
+RELEASE = "gs"
+NAMESPACE = "gpushare-system"
+FULLNAME = f"{RELEASE}-gpushare"
+
+_API = ApiClient()
+
+# Objects of CRDs the Kubernetes client has no models for.
+CUSTOM_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("cert-manager.io/v1", "Certificate"),
+    ("cert-manager.io/v1", "Issuer"),
+}
+
+
+@dataclass(frozen=True)
+class Rendered:
+    objects: list[dict[str, Any]]
+    notes: str
+
+    def all(self, kind: str) -> list[dict[str, Any]]:
+        return [o for o in self.objects if o["kind"] == kind]
+
+    def one(self, kind: str, name: str | None = None) -> dict[str, Any]:
+        found = [o for o in self.all(kind) if name is None or o["metadata"]["name"] == name]
+        assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+        return found[0]
+
+
+def render(values: Mapping[str, Any] | None = None, namespace: str = NAMESPACE) -> Rendered:
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render(
+            dict(values or {}), name=RELEASE, namespace=namespace, is_install=True
+        )
+    objects: list[dict[str, Any]] = []
+    notes = ""
+    for path, text in sorted(manifests.items()):
+        if path.endswith("NOTES.txt"):
+            notes = text
+            continue
+        objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return Rendered(objects, notes)
+
+
+def model_class(obj: Mapping[str, Any]) -> str:
+    """The client's model name for an object: apps/v1 DaemonSet -> V1DaemonSet."""
+    version = obj["apiVersion"].rsplit("/", 1)[-1]
+    return version.capitalize() + obj["kind"]
+
+
+def load_model(obj: Mapping[str, Any]) -> Any:
+    return _API._ApiClient__deserialize(dict(obj), model_class(obj))  # type: ignore[attr-defined]
+
+
+def dropped_fields(obj: Mapping[str, Any]) -> list[str]:
+    """Paths the API model does not know: a misspelled field would be silently
+    ignored by the API server's non-strict decoding, so they count as errors here."""
+    round_trip = _API.sanitize_for_serialization(load_model(obj))
+    return list(_missing(obj, round_trip, ""))
+
+
+def _missing(original: Any, loaded: Any, path: str) -> Iterator[str]:
+    if isinstance(original, dict):
+        loaded = loaded if isinstance(loaded, dict) else {}
+        for key, value in original.items():
+            if key not in loaded:
+                yield f"{path}.{key}"
+            else:
+                yield from _missing(value, loaded[key], f"{path}.{key}")
+    elif isinstance(original, list):
+        loaded = loaded if isinstance(loaded, list) else []
+        for i, value in enumerate(original):
+            yield from _missing(value, loaded[i] if i < len(loaded) else None, f"{path}[{i}]")
+
+
+def container(pod_spec: Mapping[str, Any], name: str) -> dict[str, Any]:
+    for c in pod_spec["containers"]:
+        if c["name"] == name:
+            return c
+    raise AssertionError(f"no container {name!r} in {[c['name'] for c in pod_spec['containers']]}")
+
+
+def flags(c: Mapping[str, Any]) -> dict[str, str]:
+    """--flag=value arguments of a container (command and args) as a dict."""
+    result = {}
+    for arg in [*c.get("command", []), *c.get("args", [])]:
+        if arg.startswith("--"):
+            key, _, value = arg.partition("=")
+            result[key] = value
+    return result

@@ -1,0 +1,106 @@
+"""The kind cluster with gpushare installed from the chart (mock GPUs), once per session.
+
+Environment: GPUSHARE_E2E=0 skips the suite; GPUSHARE_E2E_CLUSTER names the kind
+cluster (an existing one is reused and kept); GPUSHARE_E2E_KEEP=1 keeps a cluster the
+suite created. On any failure the cluster's state and logs are written under the
+pytest base temp directory, and the path is printed.
+"""
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.kind import ROOT, Kind, missing_prerequisites, run, wait_for
+from tests.e2e.workloads import IMAGE, WORKLOAD_LABEL
+
+RELEASE = "gs"
+SYSTEM_NAMESPACE = "gpushare-system"
+MOCK_GPUS = "4x16GiB"
+MODES = ("cgpu", "core_mem")
+
+_failures: list[str] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "e2e" in item.keywords:
+        _failures.append(item.nodeid)
+
+
+@dataclass(frozen=True)
+class Deployed:
+    kind: Kind
+    workers: dict[str, str]
+    """Worker node name -> the ack.node.gpu.schedule mode it was given."""
+
+
+@pytest.fixture(scope="session")
+def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
+    reason = missing_prerequisites()
+    if reason:
+        pytest.skip(reason)
+    kind = Kind(
+        os.environ.get("GPUSHARE_E2E_CLUSTER", "gpushare-e2e"),
+        tmp_path_factory.mktemp("kind") / "kubeconfig",
+    )
+    reused = kind.exists()
+    try:
+        if reused:
+            kind.export_kubeconfig()
+        else:
+            kind.create()
+        yield install(kind)
+    except BaseException:
+        _failures.append("cluster setup")
+        raise
+    finally:
+        if _failures:
+            logs = kind.dump(
+                tmp_path_factory.getbasetemp() / "e2e-logs",
+                {SYSTEM_NAMESPACE: "app.kubernetes.io/part-of=gpushare", "default": WORKLOAD_LABEL},
+            )
+            print(f"\ne2e failures {_failures}: cluster state and logs in {logs}")
+        if not reused and os.environ.get("GPUSHARE_E2E_KEEP") != "1":
+            kind.delete()
+
+
+def install(kind: Kind) -> Deployed:
+    """What an operator does: build and load the image, label nodes, helm install."""
+    run(["docker", "build", "-t", IMAGE, str(ROOT)], timeout=1800)
+    kind.load_image(IMAGE)
+    nodes = kind.get("nodes", "-l", "!node-role.kubernetes.io/control-plane")["items"]
+    workers = sorted(n["metadata"]["name"] for n in nodes)
+    assert len(workers) >= len(MODES), f"kind-config.yaml should give two workers: {workers}"
+    modes = dict(zip(workers, MODES, strict=False))
+    for node, mode in modes.items():
+        kind.kubectl("label", "node", node, f"ack.node.gpu.schedule={mode}", "--overwrite")
+    repository, tag = IMAGE.rsplit(":", 1)
+    kind.helm(
+        "upgrade", "--install", RELEASE, str(ROOT / "helm" / "gpushare"),
+        "--namespace", SYSTEM_NAMESPACE, "--create-namespace",
+        "--set", "gpu.backend=mock", "--set", f"gpu.mockGpus={MOCK_GPUS}",
+        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+        "--set", "image.pullPolicy=Never",
+        "--wait", "--timeout", "10m",
+        timeout=900,
+    )  # fmt: skip
+    for node in modes:
+        wait_for(
+            f"node {node} to advertise aliyun.com/gpu-mem",
+            lambda node=node: (
+                kind.get("node", node)["status"].get("allocatable", {}).get("aliyun.com/gpu-mem")
+            ),
+            timeout=300,
+        )
+    return Deployed(kind, modes)
+
+
+def venv_bin() -> Path:
+    """Where the project's console scripts are, so kubectl finds the inspect plugin."""
+    return Path(sys.executable).parent

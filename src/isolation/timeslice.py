@@ -229,8 +229,9 @@ def promised_shares(settings: GpuSettings, tenants: Sequence[Tenant]) -> dict[st
     if not settings.policy.slices_time:
         return {t.id: None for t in tenants}
     return {
-        t.id: _shares(settings, [replace(o, active=True) if o.id == t.id else o for o in tenants])
-        .get(t.id, 0.0)
+        t.id: _shares(
+            settings, [replace(o, active=True) if o.id == t.id else o for o in tenants]
+        ).get(t.id, 0.0)
         for t in tenants
     }
 
@@ -275,9 +276,7 @@ def _probes(policy: Policy, holders: Sequence[Tenant]) -> frozenset[str]:
     shows new work at once. Fixed-slot policies keep idle normal containers frozen,
     since their slot is theirs only."""
     return frozenset(
-        t.id
-        for t in holders
-        if not t.active and (t.high_priority or policy.work_conserving)
+        t.id for t in holders if not t.active and (t.high_priority or policy.work_conserving)
     )
 
 
@@ -303,7 +302,9 @@ class _Rotation:
             self.credit[self.owner] = self.credit.get(self.owner, 0.0) - elapsed
             self.turn_left -= elapsed
 
-    def pick(self, shares: Mapping[str, float], turns: Mapping[str, float], order: list[str]) -> str:
+    def pick(
+        self, shares: Mapping[str, float], turns: Mapping[str, float], order: list[str]
+    ) -> str:
         # A container that left the class (idle, gone) comes back without banked credit.
         self.credit = {key: value for key, value in self.credit.items() if key in shares}
         self.shares = shares

@@ -5,6 +5,7 @@ use, so a value refused in one place is refused with the same reason in the
 other. Parsers raise `InvalidSetting` with a message written for the operator.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Final
@@ -105,3 +106,14 @@ def _in_range(value: int, name: str, bounds: tuple[int, int]) -> int:
     if not low <= value <= high:
         raise InvalidSetting(f"{name} must be in {low}..{high}; got {value}")
     return value
+
+
+def grant_weights(max_inst: int, requests: Sequence[tuple[str, int]]) -> dict[str, int]:
+    """Weight units per container, in arrival order: a GPU has max_inst units, and
+    each container gets what it asks for while they last (0 once they ran out)."""
+    free = max_inst
+    granted: dict[str, int] = {}
+    for key, wanted in requests:
+        granted[key] = max(0, min(wanted, free))
+        free -= granted[key]
+    return granted

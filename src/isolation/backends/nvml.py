@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpushare import environment
 from isolation.backends.cgroupfs import FreezeMethod, Freezer
 from isolation.backends.port import GpuDevice, GpuProcess, Observation
 from isolation.backends.procfs import CgroupRef, ProcessTable
@@ -81,6 +82,8 @@ class NvmlBackend:
                 if process is None:
                     continue
                 found.append(process)
+                if environment.MEM_CONTAINER not in process.environ:
+                    continue  # not started by gpushare: never frozen, so never thawed either
                 member = members.setdefault(
                     process.container_key, _Member(self.processes.cgroup(process.pid))
                 )

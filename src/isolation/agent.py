@@ -53,6 +53,9 @@ log = logging.getLogger("isolation.agent")
 
 ACTIVE_PERCENT: Final = 1.0
 """Utilisation above which a thawed container counts as having work."""
+REFRESH_S: Final = 1.0
+"""How often the utilisation shown is refreshed and read-only files are checked for writes
+(settings are read every slice)."""
 
 
 class MemoryAction(StrEnum):
@@ -89,6 +92,7 @@ class _Member:
     used_s: float = 0.0
     rate: float = 0.0
     history: deque[tuple[float, float]] = field(default_factory=deque)
+    shown_util: float = 0.0
     violations: int = 0
 
 
@@ -147,6 +151,7 @@ class IsolationAgent:
         self._over_cap: set[tuple[str, int]] = set()
         self._unreadable: set[str] = set()
         self._last_tick: float | None = None
+        self._last_refresh: float | None = None
         self._auto_policy: dict[int, Policy] = {}
 
     def run(self, stop: threading.Event | None = None, duration_s: float | None = None) -> None:
@@ -171,13 +176,19 @@ class IsolationAgent:
         elapsed = 0.0 if self._last_tick is None else now - self._last_tick
         self._last_tick = now
         with self.metrics.tick_seconds.time():
-            observed, unreadable = group_containers(self._backend.observe().processes)
+            seen = {key: known.seen for key, known in self._known.items()}
+            observed, unreadable = group_containers(self._backend.observe().processes, seen)
             for bad in unreadable:
                 if bad.key not in self._unreadable:
                     log.warning("container %s left alone: %s", bad.key[:12], bad.reason)
             self._unreadable = {bad.key for bad in unreadable}
             self._track(now, elapsed, observed)
-            for write in self._tree.poll():
+            since = None if self._last_refresh is None else now - self._last_refresh
+            refresh = since is None or since >= REFRESH_S - self.config.slice_s / 2
+            if refresh:
+                self._last_refresh = now
+                self._refresh_utilisation()
+            for write in self._tree.poll(read_only_too=refresh):
                 self._apply(write)
             self._enforce_memory(observed)
             frozen = self._schedule()
@@ -282,6 +293,13 @@ class IsolationAgent:
         member.history.append((now, member.used_s))
         while member.history and member.history[0][0] < now - self.config.util_window_s:
             member.history.popleft()
+
+    def _refresh_utilisation(self) -> None:
+        """Utilisation over the window, shown at a steady pace rather than every slice,
+        so the tree is not rewritten ten times a second for a moving average."""
+        for gpu in self._gpus.values():
+            for member in gpu.members.values():
+                member.shown_util = 100 * _window_rate(member.history)
 
     def _apply(self, write: ControlWrite) -> None:
         try:
@@ -459,7 +477,7 @@ class IsolationAgent:
             processes=tuple(ProcessMemory(p.pid, p.mem_bytes) for p in processes),
             weight=weight,
             highprio=member.high_priority,
-            util=100 * _window_rate(member.history),
+            util=member.shown_util,
             limit=None if share is None else 100 * share,
             violations=member.violations,
         )

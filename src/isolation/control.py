@@ -8,15 +8,17 @@
 
 The agent writes every file atomically (a temp file renamed over it), so a
 reader never sees half a value. An operator changes a setting by writing its
-file (`echo 2 > <root>/0/policy`); `poll` finds such writes by content, since
-a shell's `>` rewrites the file in place and timestamps are too coarse to
-trust. Each write found is handed to the agent and the file marked stale, so
-the next `publish` rewrites it: with the new value if the agent accepted it,
-the old one if it refused.
+file (`echo 2 > <root>/0/policy`); `poll` finds such writes by content: it
+reads a file whenever its inode, size or mtime moved, and while its mtime is
+too young to tell a write in the same timestamp tick apart. Each write found
+is handed to the agent and the file marked stale, so the next `publish`
+rewrites it: with the new value if the agent accepted it, the old one if it
+refused.
 """
 
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -25,6 +27,8 @@ from isolation.policy import Policy
 
 GPU_SETTINGS: Final = frozenset({"policy", "max_inst", "prio_ratio"})
 CONTAINER_SETTINGS: Final = frozenset({"weight", "highprio"})
+_YOUNG_NS: Final = 50_000_000
+"""Files whose mtime is younger than this are read, not just stat'ed (see _changed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,25 +150,36 @@ def is_setting(path: str) -> bool:
 class ControlTree:
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._base = str(root)
         self._written: dict[str, str] = {}
         self._stats: dict[str, tuple[int, int, int]] = {}
         self._empty_once: set[str] = set()
+        self._dirs: set[str] | None = None
+        self._settings: set[str] = set()
 
     def publish(self, content: TreeContent) -> None:
         files = render(content)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._remove_stale(files)
+        self._sync_dirs(content)
         for path, text in files.items():
             if self._written.get(path) != text:
                 self._write(path, text)
-        self._written = {path: text for path, text in self._written.items() if path in files}
-        self._stats = {path: stat for path, stat in self._stats.items() if path in files}
+        if len(self._written) != len(files):
+            self._written = {path: text for path, text in self._written.items() if path in files}
+            self._stats = {path: stat for path, stat in self._stats.items() if path in files}
+            self._settings &= self._written.keys()
 
-    def poll(self) -> list[ControlWrite]:
-        """Files changed since the agent wrote them. A setting file found empty is
-        given one poll to fill, since `echo 2 > file` truncates before it writes."""
+    def poll(self, read_only_too: bool = True) -> list[ControlWrite]:
+        """Files changed since the agent wrote them: the settings always, the read-only
+        files only when asked (the agent checks them about once a second). A setting
+        found empty gets one poll to fill, since `echo 2 > file` truncates first."""
         found = []
-        for path, ours in list(self._written.items()):
+        paths = (
+            list(self._written)
+            if read_only_too
+            else [p for p in self._settings if p in self._written]
+        )
+        for path in paths:
+            ours = self._written[path]
             text = self._changed(path, ours)
             if text is None:
                 continue
@@ -177,45 +192,63 @@ class ControlTree:
         return found
 
     def _changed(self, path: str, ours: str) -> str | None:
-        """The file's text when it differs from ours, else None. Read-only files are
-        only read when their inode, size or mtime moved; settings are always read."""
-        full = self.root / path
+        """The file's text when it differs from ours, else None. A file is only read when
+        its inode, size or mtime moved, or while its mtime is young: file timestamps are
+        coarse (a few ms), so a same-size write right after ours can keep the same mtime."""
+        full = os.path.join(self._base, path)
         try:
-            if not is_setting(path):
-                signature = _signature(full.stat())
-                if signature == self._stats.get(path):
-                    return None
-            text = full.read_text(errors="replace")
+            signature = _signature(os.stat(full))
+            if signature == self._stats.get(path) and time.time_ns() - signature[2] > _YOUNG_NS:
+                return None
+            with open(full, errors="replace") as file:
+                text = file.read()
         except FileNotFoundError:
             del self._written[path]
             return None
         if text == ours:
             self._empty_once.discard(path)
-            if not is_setting(path):
-                self._stats[path] = signature
+            self._stats[path] = signature
             return None
         return text
 
     def _write(self, path: str, text: str) -> None:
-        target = self.root / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temp = target.parent / f".{target.name}.tmp"
-        temp.write_text(text)
+        target = os.path.join(self._base, path)
+        directory, name = os.path.split(target)
+        temp = os.path.join(directory, f".{name}.tmp")
+        if not os.path.isdir(directory):  # someone removed it under us
+            os.makedirs(directory, exist_ok=True)
+        with open(temp, "w") as file:
+            file.write(text)
         os.replace(temp, target)
         self._written[path] = text
-        self._stats[path] = _signature(target.stat())
+        self._stats[path] = _signature(os.stat(target))
+        if is_setting(path):
+            self._settings.add(path)
 
-    def _remove_stale(self, files: dict[str, str]) -> None:
-        """Directories of GPUs and containers that are gone, and files we no longer keep."""
-        wanted_dirs = {str(Path(path).parent) for path in files} - {"."}
+    def _sync_dirs(self, content: TreeContent) -> None:
+        """Create the directories of new GPUs and containers, remove those of gone ones."""
+        wanted = {str(g.index) for g in content.gpus} | {
+            f"{g.index}/{c.id}" for g in content.gpus for c in g.containers
+        }
+        if wanted == self._dirs and self.root.is_dir():
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
         for gpu_dir in _subdirs(self.root):
-            gpu_name = gpu_dir.name
-            if gpu_name not in wanted_dirs:
+            if gpu_dir.name not in wanted:
                 shutil.rmtree(gpu_dir, ignore_errors=True)
                 continue
             for container_dir in _subdirs(gpu_dir):
-                if f"{gpu_name}/{container_dir.name}" not in wanted_dirs:
+                if f"{gpu_dir.name}/{container_dir.name}" not in wanted:
                     shutil.rmtree(container_dir, ignore_errors=True)
+        for directory in sorted(wanted):
+            os.makedirs(os.path.join(self._base, directory), exist_ok=True)
+        self._dirs = wanted
+        # Files of removed directories are gone: forget them, so they are rewritten if back.
+        self._written = {p: t for p, t in self._written.items() if _parent(p) in wanted | {""}}
+
+
+def _parent(path: str) -> str:
+    return path.rpartition("/")[0]
 
 
 def _write_at(path: str, raw: str) -> ControlWrite:

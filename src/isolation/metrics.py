@@ -65,21 +65,25 @@ class AgentMetrics:
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25),
             registry=r,
         )
-        self._series: set[tuple[str, str, str]] = set()
+        self._series: dict[tuple[str, str, str], tuple[Gauge, ...]] = {}
 
     def publish(self, content: TreeContent) -> None:
         """Set the gauges from what the control tree shows, dropping gone containers."""
-        series: set[tuple[str, str, str]] = set()
+        gauges = (self.memory_used, self.memory_cap, self.utilisation, self.compute_limit)
+        present: set[tuple[str, str, str]] = set()
         for gpu in content.gpus:
             self.policy.labels(str(gpu.index)).set(int(gpu.policy))
             for c in gpu.containers:
                 labels = (str(gpu.index), c.id, c.pod)
-                series.add(labels)
-                self.memory_used.labels(*labels).set(c.mem_used)
-                self.memory_cap.labels(*labels).set(c.memsize)
-                self.utilisation.labels(*labels).set(c.util)
-                self.compute_limit.labels(*labels).set(100.0 if c.limit is None else c.limit)
-        for labels in self._series - series:
-            for gauge in (self.memory_used, self.memory_cap, self.utilisation, self.compute_limit):
+                present.add(labels)
+                if labels not in self._series:
+                    self._series[labels] = tuple(g.labels(*labels) for g in gauges)
+                used, cap, util, limit = self._series[labels]
+                used.set(c.mem_used)
+                cap.set(c.memsize)
+                util.set(c.util)
+                limit.set(100.0 if c.limit is None else c.limit)
+        for labels in set(self._series) - present:
+            for gauge in gauges:
                 gauge.remove(*labels)
-        self._series = series
+            del self._series[labels]

@@ -228,12 +228,15 @@ def promised_shares(settings: GpuSettings, tenants: Sequence[Tenant]) -> dict[st
     """
     if not settings.policy.slices_time:
         return {t.id: None for t in tenants}
-    return {
-        t.id: _shares(
-            settings, [replace(o, active=True) if o.id == t.id else o for o in tenants]
-        ).get(t.id, 0.0)
-        for t in tenants
-    }
+    now = _shares(settings, tenants)
+    promised: dict[str, float | None] = {}
+    for t in tenants:
+        if t.active:
+            promised[t.id] = now.get(t.id, 0.0)
+        else:
+            woken = [replace(o, active=True) if o.id == t.id else o for o in tenants]
+            promised[t.id] = _shares(settings, woken).get(t.id, 0.0)
+    return promised
 
 
 def _shares(settings: GpuSettings, tenants: Sequence[Tenant]) -> dict[str, float]:

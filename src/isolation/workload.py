@@ -1,7 +1,7 @@
 """The containers behind an observation: GPU processes grouped by container, with the
 limits their environment carries (read with `gpushare.environment.limits_from_env`)."""
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gpushare.environment import ContainerLimits, limits_from_env
@@ -64,15 +64,22 @@ class Unreadable:
 
 def group_containers(
     processes: Iterable[GpuProcess],
+    known: Mapping[str, ObservedContainer] | None = None,
 ) -> tuple[dict[str, ObservedContainer], list[Unreadable]]:
     """Containers gpushare gave limits to, and those whose limits could not be read.
-    Processes without the contract environment are not ours and are left alone."""
+    Processes without the contract environment are not ours and are left alone.
+    Limits of a `known` container are reused while its environment is the same object
+    (backends hand out one environment per process for its lifetime)."""
     grouped: dict[str, list[GpuProcess]] = {}
     for process in processes:
         grouped.setdefault(process.container_key, []).append(process)
     containers: dict[str, ObservedContainer] = {}
     unreadable: list[Unreadable] = []
     for key, members in grouped.items():
+        before = (known or {}).get(key)
+        if before is not None and before.processes[0].environ is members[0].environ:
+            containers[key] = ObservedContainer(key, before.limits, before.pod_uid, tuple(members))
+            continue
         try:
             limits = limits_from_env(members[0].environ)
         except ValueError as err:

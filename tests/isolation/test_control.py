@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from isolation.agent import REFRESH_S
 from isolation.backends.port import GIB
 from isolation.control import (
     ContainerEntry,
@@ -17,7 +18,7 @@ from isolation.control import (
 )
 from isolation.policy import Policy
 from isolation.scenario import Workload
-from tests.isolation.rig import rig
+from tests.isolation.rig import SLICE, rig
 
 CID = "c" * 64
 
@@ -185,7 +186,8 @@ def test_invalid_gpu_writes_are_refused_and_the_old_value_restored(
     old = r.read(path)
     r.write(path, text)
     with caplog.at_level(logging.WARNING, logger="isolation"):
-        r.agent.tick()
+        # Settings are read every slice; read-only files are checked once a second.
+        r.agent.run(duration_s=REFRESH_S + SLICE)
     assert r.read(path) == old
     assert reason in caplog.text
     assert "the old value stays" in caplog.text
@@ -258,6 +260,6 @@ def test_read_only_container_files_are_restored(tmp_path, caplog):
     old = r.read(path)
     r.write(path, "1\n")
     with caplog.at_level(logging.WARNING, logger="isolation"):
-        r.agent.tick()
+        r.agent.run(duration_s=REFRESH_S + SLICE)
     assert r.read(path) == old
     assert "memsize is read-only" in caplog.text

@@ -24,12 +24,14 @@ from typing import Final
 from isolation.backends.port import GpuBackend, GpuDevice
 from isolation.clock import Clock
 from isolation.control import (
+    CONTAINER_SETTINGS,
     ContainerEntry,
     ControlTree,
     ControlWrite,
     GpuEntry,
     ProcessMemory,
     TreeContent,
+    control_write,
     is_setting,
 )
 from isolation.metrics import AgentMetrics
@@ -153,6 +155,11 @@ class IsolationAgent:
         self._last_tick: float | None = None
         self._last_refresh: float | None = None
         self._auto_policy: dict[int, Policy] = {}
+        self._failing = ""
+        self._saved = tree.load_settings()
+        for path, raw in sorted(self._saved.items()):
+            if path.count("/") == 1:
+                self._apply(control_write(path, raw), restored=True)
 
     def run(self, stop: threading.Event | None = None, duration_s: float | None = None) -> None:
         """Tick once per slice until stopped (or for duration_s); thaw everything at the end."""
@@ -162,7 +169,7 @@ class IsolationAgent:
             while not (stop is not None and stop.is_set()):
                 if duration_s is not None and self._clock.now() - start >= duration_s - 1e-9:
                     break
-                self.tick()
+                self._tick_or_thaw()
                 due += self.config.slice_s
                 delay = due - self._clock.now()
                 if delay < 0:
@@ -170,6 +177,25 @@ class IsolationAgent:
                 self._clock.sleep(max(0.0, delay))
         finally:
             self._backend.close()
+
+    def _tick_or_thaw(self) -> None:
+        """One tick; when it fails (NVML lost the GPU, /proc unreadable, a full disk) the
+        agent cannot see what it enforces, so it thaws everyone and tries again next slice."""
+        try:
+            self.tick()
+        except Exception as err:
+            if str(err) != self._failing:
+                log.exception("tick failed; every container runs freely until a tick works")
+            self._failing = str(err)
+            try:
+                self._backend.hold(frozenset())
+            except Exception:
+                log.debug("thawing after a failed tick failed too", exc_info=True)
+            self._frozen = frozenset()
+        else:
+            if self._failing:
+                log.info("ticks work again; isolation enforced")
+            self._failing = ""
 
     def tick(self) -> None:
         now = self._clock.now()
@@ -261,6 +287,10 @@ class IsolationAgent:
             core_percent=container.core_percent(index),
             disabled=container.limits.isolation_disabled,
         )
+        for name in sorted(CONTAINER_SETTINGS):
+            path = f"{index}/{container.key}/{name}"
+            if path in self._saved:
+                self._apply(control_write(path, self._saved[path]), restored=True)
 
     def _forget(self, key: str) -> None:
         del self._known[key]
@@ -268,6 +298,10 @@ class IsolationAgent:
             gpu.members.pop(key, None)
         self._over_cap = {(k, g) for k, g in self._over_cap if k != key}
         log.info("container %s gone; its weight is free again", key[:12])
+        saved = {path: raw for path, raw in self._saved.items() if f"/{key}/" not in path}
+        if saved != self._saved:
+            self._saved = saved
+            self._tree.save_settings(saved)
 
     def _account(
         self,
@@ -301,10 +335,16 @@ class IsolationAgent:
             for member in gpu.members.values():
                 member.shown_util = 100 * _window_rate(member.history)
 
-    def _apply(self, write: ControlWrite) -> None:
+    def _apply(self, write: ControlWrite, restored: bool = False) -> None:
+        """Apply an operator's write to the tree, or one saved by an earlier run."""
         try:
             change = self._accept(write)
         except InvalidSetting as refused:
+            if restored:
+                log.warning("setting %s from an earlier run dropped: %s", write.path, refused)
+                self._saved.pop(write.path, None)
+                self._tree.save_settings(self._saved)
+                return
             log.warning(
                 "refused write %r to %s: %s; the old value stays",
                 write.raw.strip(),
@@ -313,7 +353,12 @@ class IsolationAgent:
             )
             self.metrics.refused_writes.labels(write.name).inc()
             return
+        if restored:
+            log.info("control tree: %s (kept from an earlier run)", change)
+            return
         log.info("control tree: %s", change)
+        self._saved[write.path] = write.raw.strip()
+        self._tree.save_settings(self._saved)
 
     def _accept(self, write: ControlWrite) -> str:
         if not is_setting(write.path):

@@ -16,9 +16,11 @@ rewrites it: with the new value if the agent accepted it, the old one if it
 refused.
 """
 
+import json
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -27,6 +29,8 @@ from isolation.policy import Policy
 
 GPU_SETTINGS: Final = frozenset({"policy", "max_inst", "prio_ratio"})
 CONTAINER_SETTINGS: Final = frozenset({"weight", "highprio"})
+SAVED_SETTINGS: Final = ".settings.json"
+"""Settings the agent accepted, kept beside the tree so they survive an agent restart."""
 _YOUNG_NS: Final = 50_000_000
 """Files whose mtime is younger than this are read, not just stat'ed (see _changed)."""
 
@@ -188,7 +192,7 @@ class ControlTree:
                 continue
             self._empty_once.discard(path)
             del self._written[path]
-            found.append(_write_at(path, text))
+            found.append(control_write(path, text))
         return found
 
     def _changed(self, path: str, ours: str) -> str | None:
@@ -211,15 +215,24 @@ class ControlTree:
             return None
         return text
 
+    def load_settings(self) -> dict[str, str]:
+        """Settings an earlier run of the agent accepted (tree path to value); empty when
+        there are none or they cannot be read."""
+        try:
+            data = json.loads((self.root / SAVED_SETTINGS).read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        return {str(path): str(value) for path, value in data.items()}
+
+    def save_settings(self, settings: Mapping[str, str]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        _replace(os.path.join(self._base, SAVED_SETTINGS), json.dumps(dict(settings), indent=1))
+
     def _write(self, path: str, text: str) -> None:
         target = os.path.join(self._base, path)
-        directory, name = os.path.split(target)
-        temp = os.path.join(directory, f".{name}.tmp")
-        if not os.path.isdir(directory):  # someone removed it under us
-            os.makedirs(directory, exist_ok=True)
-        with open(temp, "w") as file:
-            file.write(text)
-        os.replace(temp, target)
+        _replace(target, text)
         self._written[path] = text
         self._stats[path] = _signature(os.stat(target))
         if is_setting(path):
@@ -247,11 +260,23 @@ class ControlTree:
         self._written = {p: t for p, t in self._written.items() if _parent(p) in wanted | {""}}
 
 
+def _replace(target: str, text: str) -> None:
+    """Write a file atomically: readers see the old content or the new, never a part."""
+    directory, name = os.path.split(target)
+    if not os.path.isdir(directory):  # someone removed it under us
+        os.makedirs(directory, exist_ok=True)
+    temp = os.path.join(directory, f".{name}.tmp")
+    with open(temp, "w") as file:
+        file.write(text)
+    os.replace(temp, target)
+
+
 def _parent(path: str) -> str:
     return path.rpartition("/")[0]
 
 
-def _write_at(path: str, raw: str) -> ControlWrite:
+def control_write(path: str, raw: str) -> ControlWrite:
+    """The write of `raw` to the file at `path` (relative to the tree's root)."""
     parts = path.split("/")
     gpu = int(parts[0]) if len(parts) >= 2 else None
     container = parts[1] if len(parts) == 3 else None

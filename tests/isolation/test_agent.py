@@ -5,9 +5,10 @@ import logging
 import pytest
 
 from gpushare.labels import NodeMode
-from isolation.agent import MemoryAction
+from isolation.agent import IsolationAgent, MemoryAction
 from isolation.backends.mock import Demand, MemoryStep, MockContainer
 from isolation.backends.port import GIB
+from isolation.control import ControlTree
 from isolation.policy import Policy
 from isolation.scenario import Workload, place
 from tests.isolation.rig import SLICE, rig
@@ -212,3 +213,73 @@ def test_metrics_cover_memory_utilisation_throttling_and_policy(tmp_path):
     )
     assert throttled == pytest.approx(3.0, abs=0.3)
     assert registry.get_sample_value("gpushare_isolation_gpu_policy", {"gpu": "0"}) == 1
+
+
+def test_settings_written_to_the_tree_survive_an_agent_restart(tmp_path, caplog):
+    r = rig(tmp_path, [Workload("a", 4), Workload("b", 4)])
+    r.agent.tick()
+    r.write("0/policy", "2\n")
+    r.write(f"{r.container_dir('b')}/weight", "3\n")
+    r.agent.tick()
+    restarted = IsolationAgent(r.backend, ControlTree(r.root), r.clock, r.agent.config)
+    with caplog.at_level(logging.INFO, logger="isolation"):
+        restarted.tick()
+    assert "kept from an earlier run" in caplog.text
+    assert restarted.settings(0).policy is Policy.WEIGHTED
+    assert r.read(f"{r.container_dir('b')}/weight") == "3\n"
+    assert r.read("0/free_weight") == "12\n"
+
+
+def test_a_failing_tick_thaws_everyone_and_the_agent_carries_on(tmp_path, caplog):
+    r = rig(tmp_path, [Workload("a", 2), Workload("b", 2)], default_policy=Policy.PREEMPTIVE)
+    r.agent.tick()
+    assert r.backend._state.frozen
+    real_observe = r.backend.observe
+    failures = iter([RuntimeError("GPU has fallen off the bus")] * 3)
+
+    def flaky():
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return real_observe()
+
+    r.backend.observe = flaky
+    frozen_seen = []
+    real_hold = r.backend.hold
+
+    def hold(frozen):
+        frozen_seen.append(frozen)
+        real_hold(frozen)
+
+    r.backend.hold = hold
+    with caplog.at_level(logging.INFO, logger="isolation"):
+        r.agent.run(duration_s=0.6)
+    assert frozen_seen[:3] == [frozenset()] * 3
+    assert any(frozen_seen[3:])
+    assert caplog.text.count("tick failed") == 1
+    assert "ticks work again" in caplog.text
+
+
+def test_a_container_on_two_gpus_runs_only_when_both_let_it(tmp_path):
+    node = place([Workload("a", 2)], layout="2x16GiB", mode=NodeMode.CGPU)
+    split = MockContainer(
+        "5" * 64,
+        {
+            **node.containers[0].environ,
+            "ALIYUN_COM_GPU_MEM_IDX": "0,1",
+            "ALIYUN_COM_GPU_MEM_CONTAINER": "2,2",
+            "ALIYUN_COM_GPU_MEM_DEV": "16,16",
+            "GPUSHARE_POD": "default/split",
+        },
+    )
+    r = rig(
+        tmp_path,
+        [Workload("a", 2)],
+        layout="2x16GiB",
+        extra=[split],
+        default_policy=Policy.PREEMPTIVE,
+    )
+    r.agent.run(duration_s=10)
+    # Alone on GPU 1, but frozen whenever it is a's turn on GPU 0: half the time on both.
+    assert r.backend.used_s("5" * 64, 1) / 10 == pytest.approx(0.5, abs=0.03)
+    assert r.backend.used_s("5" * 64, 0) / 10 == pytest.approx(0.5, abs=0.03)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
-from isolation.backends.port import GpuBackend, GpuDevice
+from isolation.backends.port import GIB, GpuBackend, GpuDevice
 from isolation.clock import Clock
 from isolation.control import (
     CONTAINER_SETTINGS,
@@ -449,13 +449,13 @@ class IsolationAgent:
             self._backend.kill(offender.pid)
         if new or action is MemoryAction.KILL:
             log.warning(
-                "memory cap exceeded: container %s of pod %s holds %d bytes on GPU %d, cap %d; %s",
+                "memory cap exceeded: container %s of pod %s holds %s on GPU %d, cap %s; %s",
                 container.key[:12],
                 container.pod,
-                used,
+                _gib(used),
                 index,
-                cap,
-                f"killed pid {offender.pid} ({offender.mem_bytes} bytes)"
+                _gib(cap),
+                f"killed pid {offender.pid} (holding {_gib(offender.mem_bytes)})"
                 if action is MemoryAction.KILL
                 else "reported only (--memory-action report)",
             )
@@ -526,6 +526,10 @@ class IsolationAgent:
             limit=None if share is None else 100 * share,
             violations=member.violations,
         )
+
+
+def _gib(value: int) -> str:
+    return f"{value / GIB:.2f} GiB"
 
 
 def _window_rate(history: deque[tuple[float, float]]) -> float:

@@ -53,7 +53,9 @@ def agent_version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ
     parser = argparse.ArgumentParser(
-        prog="gpushare-isolation", description=__doc__.split("\n\n")[0]
+        prog="gpushare-isolation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--node-name",

@@ -4,6 +4,7 @@ tmp dir: what the agent tests drive."""
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from gpushare.labels import NodeMode
 from isolation.agent import AgentConfig, IsolationAgent
@@ -53,13 +54,13 @@ def rig(
     layout: str = "1x16GiB",
     mode: NodeMode = NodeMode.CGPU,
     extra: Sequence[MockContainer] = (),
-    **config: object,
+    **config: Any,
 ) -> Rig:
     node = place(workloads, layout=layout, mode=mode)
     node = replace(node, containers=(*node.containers, *extra))
     clock = SimulatedClock()
     backend = MockBackend(node.devices, clock, node.containers)
     root = tmp_path / "cgpu"
-    settings = AgentConfig(version="gpushare-isolation test", slice_s=SLICE, **config)  # type: ignore[arg-type]
+    settings = AgentConfig(version="gpushare-isolation test", slice_s=SLICE, **config)
     agent = IsolationAgent(backend, ControlTree(root), clock, settings)
     return Rig(agent, backend, clock, root, node)

@@ -44,7 +44,7 @@ def test_a_policy_write_switches_behaviour_within_one_slice(tmp_path):
     r.write("0/policy", "1\n")
     r.agent.tick()
     # The very next slice is a turn: one of the two is frozen.
-    assert len(r.backend._state.frozen) == 1
+    assert len(r.backend.frozen) == 1
     preemptive = r.shares(["greedy", "light"], seconds=10)
     assert preemptive == pytest.approx({"greedy": 0.5, "light": 0.5}, abs=0.03)
     assert r.read("0/policy") == "1\n"
@@ -155,7 +155,7 @@ def test_a_container_with_isolation_off_is_never_frozen_nor_capped(tmp_path):
     assert r.backend.used_s("d" * 64, 0) == pytest.approx(1.0, abs=0.05)
     assert r.read(f"0/{'d' * 64}/limit") == "none\n"
     assert r.read(f"0/{'d' * 64}/weight") == "0\n"
-    assert "d" * 64 not in r.backend._state.frozen
+    assert "d" * 64 not in r.backend.frozen
 
 
 def test_an_idle_container_under_preemptive_is_probed_and_rejoins(tmp_path):
@@ -176,9 +176,9 @@ def test_an_idle_container_under_preemptive_is_probed_and_rejoins(tmp_path):
 def test_stopping_thaws_every_container(tmp_path):
     r = rig(tmp_path, [Workload("a", 2), Workload("b", 2)], default_policy=Policy.PREEMPTIVE)
     r.agent.tick()
-    assert r.backend._state.frozen
+    assert r.backend.frozen
     r.agent.run(duration_s=0.3)
-    assert r.backend._state.frozen == frozenset()
+    assert r.backend.frozen == frozenset()
 
 
 def test_a_gone_container_keeps_its_entry_for_a_while_then_frees_its_weight(tmp_path):
@@ -233,7 +233,7 @@ def test_settings_written_to_the_tree_survive_an_agent_restart(tmp_path, caplog)
 def test_a_failing_tick_thaws_everyone_and_the_agent_carries_on(tmp_path, caplog):
     r = rig(tmp_path, [Workload("a", 2), Workload("b", 2)], default_policy=Policy.PREEMPTIVE)
     r.agent.tick()
-    assert r.backend._state.frozen
+    assert r.backend.frozen
     real_observe = r.backend.observe
     failures = iter([RuntimeError("GPU has fallen off the bus")] * 3)
 

@@ -184,6 +184,11 @@ class MockBackend:
         for process in self._live(container_id, gpu_index):
             process.mem_override = mem_bytes
 
+    @property
+    def frozen(self) -> frozenset[str]:
+        """The containers held frozen now."""
+        return self._state.frozen
+
     def pids(self, container_id: str) -> list[int]:
         return [p.pid for p in self._state.processes if p.container.id == container_id and p.alive]
 

@@ -1,6 +1,7 @@
 """The NVML backend. Its /proc, cgroup and signal handling runs here against fake trees and a
 stand-in for the pynvml module; the tests marked `gpu` drive a real GPU and skip without one."""
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,14 @@ def test_real_gpus_are_listed():
         assert all(p.gpu_index < len(devices) for p in observation.processes)
     finally:
         backend.close()
+
+
+def test_a_proc_root_without_the_gpu_processes_is_reported(tmp_path, caplog):
+    (tmp_path / "proc").mkdir()
+    nvml = FakeNvml(gpus=[{"uuid": "GPU-b", "name": "T4", "mem": GIB, "processes": {77: GIB}}])
+    backend = NvmlBackend(tmp_path / "proc", tmp_path / "cg", SimulatedClock(), nvml=nvml)
+    with caplog.at_level(logging.WARNING, logger="isolation"):
+        backend.observe()
+        backend.observe()
+    assert caplog.text.count("none of them readable") == 1
+    assert "hostPID" in caplog.text

@@ -8,6 +8,7 @@ namespace and reads the host's /proc at --proc-root.
 """
 
 import importlib
+import logging
 import os
 import signal
 from collections.abc import Callable
@@ -20,6 +21,8 @@ from isolation.backends.cgroupfs import FreezeMethod, Freezer
 from isolation.backends.port import GpuDevice, GpuProcess, Observation
 from isolation.backends.procfs import CgroupRef, ProcessTable
 from isolation.clock import Clock
+
+log = logging.getLogger("isolation.nvml")
 
 
 @dataclass(slots=True)
@@ -68,6 +71,7 @@ class NvmlBackend:
         self._seen_us = [0] * len(self._handles)
         self._members: dict[str, _Member] = {}
         self._frozen: dict[str, bool] = {}
+        self._warned_blind = False
 
     def devices(self) -> tuple[GpuDevice, ...]:
         return self._devices
@@ -75,11 +79,13 @@ class NvmlBackend:
     def observe(self) -> Observation:
         found: list[GpuProcess] = []
         members: dict[str, _Member] = {}
+        unseen = 0
         for device, handle in zip(self._devices, self._handles, strict=True):
             utilisation = self._utilisation(device.index, handle)
             for info in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
                 process = self._process(device.index, info, utilisation)
                 if process is None:
+                    unseen += 1
                     continue
                 found.append(process)
                 if environment.MEM_CONTAINER not in process.environ:
@@ -88,6 +94,7 @@ class NvmlBackend:
                     process.container_key, _Member(self.processes.cgroup(process.pid))
                 )
                 member.pids.append(process.pid)
+        self._check_pid_namespace(unseen, len(found))
         self.processes.forget({p.pid for p in found})
         # A frozen container whose GPU processes all went stays known until it is thawed.
         for key, member in self._members.items():
@@ -96,6 +103,18 @@ class NvmlBackend:
         self._members = members
         self.freezer.forget({m.ref.container_id for m in members.values() if m.ref is not None})
         return Observation(self._clock.now(), tuple(found))
+
+    def _check_pid_namespace(self, unseen: int, seen: int) -> None:
+        """NVML names host PIDs: if none of them is in --proc-root, nothing can be enforced."""
+        blind = unseen > 0 and seen == 0
+        if blind and not self._warned_blind:
+            log.warning(
+                "NVML reports %d GPU processes, none of them readable under %s: run the agent "
+                "in the host's PID namespace (hostPID) as root, with the host's /proc there",
+                unseen,
+                self.processes.root,
+            )
+        self._warned_blind = blind
 
     def hold(self, frozen: frozenset[str]) -> None:
         for key, member in self._members.items():

@@ -73,7 +73,6 @@ class SliceKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Slice:
-    start: float
     kind: SliceKind
     owner: str | None
     """Whose turn it is; None for idle, shared and native slices."""
@@ -115,7 +114,7 @@ class TimeSliceScheduler:
         else:
             self._charge(elapsed, settings.prio_ratio / 100)
         self._last_at = now
-        decided = self._decide(now, settings, tenants)
+        decided = self._decide(settings, tenants)
         self._last_kind = decided.kind
         return decided
 
@@ -138,11 +137,11 @@ class TimeSliceScheduler:
             else:
                 self._high_balance += ratio * elapsed
 
-    def _decide(self, now: float, settings: GpuSettings, tenants: Sequence[Tenant]) -> Slice:
+    def _decide(self, settings: GpuSettings, tenants: Sequence[Tenant]) -> Slice:
         policy = settings.policy
         if not policy.slices_time:
             self._charged = None
-            return Slice(now, SliceKind.NATIVE, None, frozenset(t.id for t in tenants))
+            return Slice(SliceKind.NATIVE, None, frozenset(t.id for t in tenants))
         holders = [t for t in tenants if t.weight > 0]
         self._usage.record(holders)
         high = [t for t in holders if t.high_priority and t.active]
@@ -156,22 +155,22 @@ class TimeSliceScheduler:
             self._high_owed = self._high_balance > 0
             owner = self._high.pick(_split(policy, high), self._turns(policy, high), _ids(high))
             self._charged = self._high
-            return Slice(now, SliceKind.HIGH_PRIORITY, owner, probes | {owner})
+            return Slice(SliceKind.HIGH_PRIORITY, owner, probes | {owner})
         if not normal_runs:
             self._charged = None
-            return Slice(now, SliceKind.IDLE, None, probes)
+            return Slice(SliceKind.IDLE, None, probes)
         if policy is Policy.SOFT:
             self._charged = None
             active = [t for t in normal if t.active]
             runs = {t.id for t in active} - self._held_back(active)
-            return Slice(now, SliceKind.SHARED, None, probes | runs)
+            return Slice(SliceKind.SHARED, None, probes | runs)
         shares = normal_shares(settings, normal)
         order = [*_ids(normal), IDLE]
         owner = self._normal.pick(shares, self._turns(policy, normal), order)
         self._charged = self._normal
         if owner == IDLE:
-            return Slice(now, SliceKind.IDLE, None, probes)
-        return Slice(now, SliceKind.TURN, owner, probes | {owner})
+            return Slice(SliceKind.IDLE, None, probes)
+        return Slice(SliceKind.TURN, owner, probes | {owner})
 
     def _turns(self, policy: Policy, tenants: Sequence[Tenant]) -> dict[str, float]:
         """Turn length per container: weight-based turns merge `weight` slices into one."""
@@ -228,11 +227,11 @@ def promised_shares(settings: GpuSettings, tenants: Sequence[Tenant]) -> dict[st
     """
     if not settings.policy.slices_time:
         return {t.id: None for t in tenants}
-    now = _shares(settings, tenants)
+    current = _shares(settings, tenants)
     promised: dict[str, float | None] = {}
     for t in tenants:
         if t.active:
-            promised[t.id] = now.get(t.id, 0.0)
+            promised[t.id] = current.get(t.id, 0.0)
         else:
             woken = [replace(o, active=True) if o.id == t.id else o for o in tenants]
             promised[t.id] = _shares(settings, woken).get(t.id, 0.0)

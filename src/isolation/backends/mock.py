@@ -38,10 +38,6 @@ class Demand:
     offset_s: float = 0.0
 
     @classmethod
-    def always(cls) -> "Demand":
-        return cls()
-
-    @classmethod
     def never(cls) -> "Demand":
         return cls(busy_s=0.0, idle_s=1.0)
 

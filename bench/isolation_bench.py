@@ -9,8 +9,8 @@ Reaction: the agent runs on the system clock in a thread; the bench makes a
 container allocate past its cap at a random moment and times how long until
 the agent killed the offending process (one poll = one slice at most).
 
-Tick cost: wall time of one agent tick (observe, enforce, decide, apply,
-publish the control tree) for a node of 4 GPUs x 10 containers. Control trees
+Tick cost: wall and CPU time of one agent tick (observe, enforce, decide,
+apply, publish the control tree) for 1 GPU x 4 and 4 GPUs x 10 containers. Control trees
 go to /dev/shm when it exists: tmpfs, like the agent's default under /run.
 Run: .venv/bin/python bench/isolation_bench.py
 """
@@ -161,7 +161,7 @@ def reaction_ms(slice_ms: int, trials: int, tmp: Path) -> list[float]:
     return results
 
 
-def tick_ms(gpus: int, per_gpu: int, ticks: int, tmp: Path) -> list[float]:
+def tick_ms(gpus: int, per_gpu: int, ticks: int, tmp: Path) -> tuple[list[float], list[float]]:
     workloads = [
         Workload(f"p{i}", 1, weight=1 + i % 3, memory=(MemoryStep(0, GIB // 2),))
         for i in range(gpus * per_gpu)
@@ -171,13 +171,14 @@ def tick_ms(gpus: int, per_gpu: int, ticks: int, tmp: Path) -> list[float]:
     backend = MockBackend(node.devices, clock, node.containers)
     config = AgentConfig(version="bench", default_policy=Policy.WEIGHTED)
     agent = IsolationAgent(backend, ControlTree(tmp / "ticks"), clock, config)
-    timings = []
+    wall, cpu = [], []
     for _ in range(ticks):
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         agent.tick()
-        timings.append(1000 * (time.perf_counter() - started))
+        wall.append(1000 * (time.perf_counter() - started))
+        cpu.append(1000 * (time.process_time() - started_cpu))
         clock.advance(config.slice_s)
-    return timings
+    return wall, cpu
 
 
 def summary(values: Sequence[float]) -> str:
@@ -205,8 +206,11 @@ def main() -> None:
         for slice_ms in (100, 20):
             print(f"  slice {slice_ms:>3} ms: {summary(reaction_ms(slice_ms, 30, tmp))} ms")
         print()
-        timings = tick_ms(4, 10, 300, tmp)
-        print(f"Agent tick, 4 GPUs x 10 containers, control tree on disk: {summary(timings)} ms")
+        for gpus, per_gpu in ((1, 4), (4, 10)):
+            wall, cpu = tick_ms(gpus, per_gpu, 300, tmp)
+            print(f"Agent tick, {gpus} GPU(s) x {per_gpu} containers, control tree on tmpfs:")
+            print(f"  wall {summary(wall)} ms")
+            print(f"  cpu  {summary(cpu)} ms")
 
 
 if __name__ == "__main__":

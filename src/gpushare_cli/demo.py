@@ -1,7 +1,8 @@
 """`gpushare demo`: the example pods placed on an in-memory cluster with mock GPUs.
 
 Every pod of examples/ goes through the same rules and placement policies the
-extender uses; the invalid examples show how a pod is refused.
+extender uses; the invalid examples show how a pod is refused. Then the
+isolation agent runs on mock GPUs and enforces its policies (isolation/demo.py).
 """
 
 import argparse
@@ -22,6 +23,7 @@ from gpushare.policies import policy_for
 from gpushare.request import parse_pod_request
 from gpushare.state import ClusterState
 from gpushare_cli.table import render
+from isolation.demo import run_stage as isolation_stage
 
 DEMO_NODES = (
     ("gpu-node-1", "core_mem", "2x16GiB:Tesla-T4", "10.0.0.11"),
@@ -68,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{path.relative_to(examples)}: {schedule(cluster, created)}")
     print()
     print(gpu_table(cluster))
+    print()
+    print(isolation_stage())
     return 0
 
 

@@ -43,7 +43,8 @@ def generate(out_root: Path, proto_root: Path = PROTO_ROOT) -> list[Path]:
         init = out_root / package / "__init__.py"
         if not init.exists():
             init.write_text("")
-    return sorted(p.relative_to(out_root) for p in (out_root / "deviceplugin/api").rglob("*.py*"))
+    written = (out_root / "deviceplugin/api").rglob("*.py*")
+    return sorted(p.relative_to(out_root) for p in written if p.suffix in (".py", ".pyi"))
 
 
 def _packages() -> list[Path]:

@@ -1,0 +1,275 @@
+"""Which container an Allocate call is for (DESIGN.md §3).
+
+Allocate carries device IDs, not the pod. The kubelet admits one pod at a time,
+init containers first, then app containers in order, and makes one call per
+container per resource, asking for as many IDs as the container's limit. So the
+queue holds every container bound to this node by the extender (allocation
+annotation) that has not been answered yet, in that order, and a call goes to
+the first one waiting for that resource with that count: containers of a pod
+whose admission is under way first, then the oldest bound pod.
+
+The served set (memory) and the `assigned` flags (annotation) together say who
+was answered; the annotation survives a plugin restart, the set covers the
+moments before our own patch comes back through the watch.
+"""
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from gpushare import annotation
+from gpushare.allocation import ContainerAllocation, PodAllocation
+from gpushare.errors import AnnotationError
+from gpushare.objects import Container, Pod
+from gpushare.request import ContainerRole
+from gpushare.resources import MANAGED_RESOURCES
+
+_EPOCH = datetime.fromtimestamp(0, tz=UTC)
+_LISTED = 8
+"""Waiting containers named in an error message before `and N more`."""
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingContainer:
+    pod: Pod
+    allocation: PodAllocation
+    container: ContainerAllocation
+    requests: Mapping[str, int]
+    """Our resources in the container's limits, with the count the kubelet asks for."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.pod.metadata.uid, self.container.name)
+
+    def describe(self, resource: str) -> str:
+        return f"{self.pod.key} container {self.container.name} ({self.requests[resource]})"
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    waiting: WaitingContainer
+    complete: bool
+    """Every advertised resource of the container is answered: mark it assigned."""
+    reallocation: bool = False
+    """An assigned container asked for again (node reboot); answered the same way."""
+
+
+class NoMatch(LookupError):
+    """No waiting container fits the call; the message says what was asked and
+    what was waiting."""
+
+
+@dataclass(frozen=True, slots=True)
+class _BoundPod:
+    pod: Pod
+    allocation: PodAllocation
+    containers: tuple[WaitingContainer, ...]
+    """Containers with our resources, in the kubelet's admission order."""
+
+    @property
+    def order(self) -> tuple[datetime, datetime, str]:
+        created = self.pod.metadata.creation_timestamp or _EPOCH
+        return (self.allocation.bound_at, created, self.pod.key)
+
+
+class AdmissionQueue:
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+        self._lock = threading.Lock()
+        self._pods: dict[str, _BoundPod] = {}
+        self._ordered: list[_BoundPod] = []
+        self._served: dict[tuple[str, str], set[str]] = {}
+        self._unreadable: dict[str, str] = {}
+
+    # ----- fed by the pod watch
+
+    def replace(self, pods: Iterable[Pod]) -> None:
+        with self._lock:
+            self._pods.clear()
+            self._unreadable.clear()
+            for pod in pods:
+                self._put(pod)
+            live = {c.key for bound in self._pods.values() for c in bound.containers}
+            self._served = {k: v for k, v in self._served.items() if k in live}
+            self._sort()
+
+    def upsert(self, pod: Pod) -> None:
+        with self._lock:
+            self._put(pod)
+            self._sort()
+
+    def remove(self, pod: Pod) -> None:
+        with self._lock:
+            uid = pod.metadata.uid
+            self._pods.pop(uid, None)
+            self._unreadable.pop(pod.key, None)
+            self._served = {k: v for k, v in self._served.items() if k[0] != uid}
+            self._sort()
+
+    # ----- read by Allocate and GetPreferredAllocation
+
+    def peek(self, resource: str, count: int) -> WaitingContainer | None:
+        """The container the next call of `count` IDs of `resource` will go to."""
+        with self._lock:
+            return self._first(resource, count)
+
+    def take(
+        self,
+        resource: str,
+        count: int,
+        advertised: Iterable[str],
+        gpus_named: Sequence[int] = (),
+    ) -> Match:
+        """Matches a call and marks the container answered for `resource`.
+
+        `gpus_named` are the GPUs the call's device IDs encode: when nothing
+        waits, a live container already assigned to exactly those GPUs with that
+        count is answered again (the kubelet re-allocates after a node reboot).
+        """
+        with self._lock:
+            waiting = self._first(resource, count)
+            reallocation = False
+            if waiting is None:
+                waiting = self._assigned_on(resource, count, tuple(gpus_named))
+                reallocation = True
+            if waiting is None:
+                raise NoMatch(self._no_match(resource, count))
+            served = self._served.setdefault(waiting.key, set())
+            served.add(resource)
+            complete = set(waiting.requests) & set(advertised) <= served
+            return Match(waiting, complete, reallocation)
+
+    def mark_served(self, uid: str, container: str, resources: Iterable[str]) -> None:
+        with self._lock:
+            self._served.setdefault((uid, container), set()).update(resources)
+
+    def forget_served(self, uid: str, container: str) -> None:
+        with self._lock:
+            self._served.pop((uid, container), None)
+
+    def bound_pod(self, key: str) -> tuple[Pod, PodAllocation] | None:
+        with self._lock:
+            for bound in self._ordered:
+                if bound.pod.key == key:
+                    return bound.pod, bound.allocation
+            return None
+
+    def bound_pods(self) -> list[tuple[Pod, PodAllocation]]:
+        with self._lock:
+            return [(b.pod, b.allocation) for b in self._ordered]
+
+    def waiting(self, resource: str) -> list[WaitingContainer]:
+        with self._lock:
+            return [w for b in self._ordered for w in b.containers if self._waits(w, resource)]
+
+    # ----- internals (called with the lock held)
+
+    def _put(self, pod: Pod) -> None:
+        uid = pod.metadata.uid
+        self._unreadable.pop(pod.key, None)
+        bound = self._bound(pod)
+        if bound is None:
+            self._pods.pop(uid, None)
+        else:
+            self._pods[uid] = bound
+
+    def _bound(self, pod: Pod) -> _BoundPod | None:
+        if pod.spec.node_name != self.node_name or pod.is_terminated:
+            return None
+        try:
+            allocation = annotation.decode(pod)
+        except AnnotationError as err:
+            self._unreadable[pod.key] = str(err)
+            return None
+        if allocation is None or allocation.node != self.node_name:
+            return None
+        containers = []
+        for container in sorted(allocation.containers, key=_admission_rank):
+            requests = _requests(_spec(pod, container))
+            if requests:
+                containers.append(WaitingContainer(pod, allocation, container, requests))
+        return _BoundPod(pod, allocation, tuple(containers))
+
+    def _sort(self) -> None:
+        self._ordered = sorted(self._pods.values(), key=lambda b: b.order)
+
+    def _waits(self, waiting: WaitingContainer, resource: str) -> bool:
+        return (
+            resource in waiting.requests
+            and not waiting.container.assigned
+            and resource not in self._served.get(waiting.key, ())
+        )
+
+    def _in_progress(self, bound: _BoundPod) -> bool:
+        return any(c.container.assigned or c.key in self._served for c in bound.containers)
+
+    def _first(self, resource: str, count: int) -> WaitingContainer | None:
+        fallback = None
+        for bound in self._ordered:
+            for waiting in bound.containers:
+                if self._waits(waiting, resource) and waiting.requests[resource] == count:
+                    if self._in_progress(bound):
+                        return waiting
+                    fallback = fallback or waiting
+                    break
+        return fallback
+
+    def _assigned_on(
+        self, resource: str, count: int, gpus: tuple[int, ...]
+    ) -> WaitingContainer | None:
+        if not gpus:
+            return None
+        found = [
+            w
+            for b in self._ordered
+            for w in b.containers
+            if w.requests.get(resource) == count
+            and not self._waits(w, resource)
+            and tuple(sorted({s.index for s in w.container.gpus})) == gpus
+        ]
+        return found[0] if len(found) == 1 else None
+
+    def _no_match(self, resource: str, count: int) -> str:
+        waiting = [w for b in self._ordered for w in b.containers if self._waits(w, resource)]
+        asked = f"Allocate asked for {count} {resource} on node {self.node_name}"
+        if waiting:
+            named = ", ".join(w.describe(resource) for w in waiting[:_LISTED])
+            more = f" and {len(waiting) - _LISTED} more" if len(waiting) > _LISTED else ""
+            text = (
+                f"{asked}, but no waiting container asks for {count}; waiting for "
+                f"{resource}: {named}{more}"
+            )
+        else:
+            text = (
+                f"{asked}, but no container bound to this node waits for {resource}; pods "
+                f"get shared GPUs only when the gpushare scheduler extender placed them "
+                f"(schedulerName gpushare-scheduler, annotation {annotation.ALLOCATION})"
+            )
+        if self._unreadable:
+            bad = "; ".join(f"{key}: {reason}" for key, reason in sorted(self._unreadable.items()))
+            text += f"; unreadable allocations: {bad}"
+        return text
+
+
+def _admission_rank(container: ContainerAllocation) -> tuple[int, int]:
+    return (1 if container.role is ContainerRole.APP else 0, container.index)
+
+
+def _spec(pod: Pod, container: ContainerAllocation) -> Container | None:
+    group = pod.spec.containers if container.role is ContainerRole.APP else pod.spec.init_containers
+    if container.index < len(group) and group[container.index].name == container.name:
+        return group[container.index]
+    return next((c for c in group if c.name == container.name), None)
+
+
+def _requests(container: Container | None) -> dict[str, int]:
+    """The counts the kubelet asks for: whole-number limits of our resources."""
+    if container is None:
+        return {}
+    requests = {}
+    for resource in MANAGED_RESOURCES:
+        value = container.resources.limits.get(resource, "").strip()
+        if value.isdigit() and int(value) > 0:
+            requests[resource] = int(value)
+    return requests

@@ -11,10 +11,15 @@ whose admission is under way first, then the oldest bound pod.
 The served set (memory) and the `assigned` flags (annotation) together say who
 was answered; the annotation survives a plugin restart, the set covers the
 moments before our own patch comes back through the watch.
+
+The kubelet learns of a pod from its own watch and may ask before ours has
+delivered it, so a call that matches nothing waits a moment for the queue to
+change before it is refused.
 """
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -77,6 +82,7 @@ class AdmissionQueue:
     def __init__(self, node_name: str) -> None:
         self.node_name = node_name
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._pods: dict[str, _BoundPod] = {}
         self._ordered: list[_BoundPod] = []
         self._served: dict[tuple[str, str], set[str]] = {}
@@ -109,29 +115,32 @@ class AdmissionQueue:
 
     # ----- read by Allocate and GetPreferredAllocation
 
-    def peek(self, resource: str, count: int) -> WaitingContainer | None:
-        """The container the next call of `count` IDs of `resource` will go to."""
+    def peek(self, resource: str, count: int, wait: float = 0.0) -> WaitingContainer | None:
+        """The container the next call of `count` IDs of `resource` will go to,
+        waiting up to `wait` seconds for one to arrive."""
         with self._lock:
-            return self._first(resource, count)
+            return self._first_within(resource, count, wait)
 
     def take(
         self,
         resource: str,
         count: int,
         advertised: Iterable[str],
-        gpus_named: Sequence[int] = (),
+        answered: tuple[str, str] | None = None,
+        wait: float = 0.0,
     ) -> Match:
         """Matches a call and marks the container answered for `resource`.
 
-        `gpus_named` are the GPUs the call's device IDs encode: when nothing
-        waits, a live container already assigned to exactly those GPUs with that
-        count is answered again (the kubelet re-allocates after a node reboot).
+        Waits up to `wait` seconds for a matching container to arrive. Failing
+        that, `answered` (pod UID, container) names the container a call with the
+        very same device IDs was answered for: when it is still bound here, the
+        kubelet is asking again (after a node reboot) and gets the same answer.
         """
         with self._lock:
-            waiting = self._first(resource, count)
+            waiting = self._first_within(resource, count, wait)
             reallocation = False
-            if waiting is None:
-                waiting = self._assigned_on(resource, count, tuple(gpus_named))
+            if waiting is None and answered is not None:
+                waiting = self._container(answered, resource, count)
                 reallocation = True
             if waiting is None:
                 raise NoMatch(self._no_match(resource, count))
@@ -154,6 +163,10 @@ class AdmissionQueue:
                 if bound.pod.key == key:
                     return bound.pod, bound.allocation
             return None
+
+    def uids(self) -> list[str]:
+        with self._lock:
+            return list(self._pods)
 
     def bound_pods(self) -> list[tuple[Pod, PodAllocation]]:
         with self._lock:
@@ -193,6 +206,16 @@ class AdmissionQueue:
 
     def _sort(self) -> None:
         self._ordered = sorted(self._pods.values(), key=lambda b: b.order)
+        self._changed.notify_all()
+
+    def _first_within(self, resource: str, count: int, wait: float) -> WaitingContainer | None:
+        deadline = time.monotonic() + wait
+        while True:
+            found = self._first(resource, count)
+            remaining = deadline - time.monotonic()
+            if found is not None or remaining <= 0:
+                return found
+            self._changed.wait(remaining)
 
     def _waits(self, waiting: WaitingContainer, resource: str) -> bool:
         return (
@@ -215,20 +238,16 @@ class AdmissionQueue:
                     break
         return fallback
 
-    def _assigned_on(
-        self, resource: str, count: int, gpus: tuple[int, ...]
+    def _container(
+        self, key: tuple[str, str], resource: str, count: int
     ) -> WaitingContainer | None:
-        if not gpus:
+        bound = self._pods.get(key[0])
+        if bound is None:
             return None
-        found = [
-            w
-            for b in self._ordered
-            for w in b.containers
-            if w.requests.get(resource) == count
-            and not self._waits(w, resource)
-            and tuple(sorted({s.index for s in w.container.gpus})) == gpus
-        ]
-        return found[0] if len(found) == 1 else None
+        for waiting in bound.containers:
+            if waiting.key == key and waiting.requests.get(resource) == count:
+                return waiting
+        return None
 
     def _no_match(self, resource: str, count: int) -> str:
         waiting = [w for b in self._ordered for w in b.containers if self._waits(w, resource)]

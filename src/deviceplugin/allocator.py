@@ -40,6 +40,7 @@ class Allocator:
         journal: GrantJournal,
         metrics: PluginMetrics,
         on_granted: Callable[[], None] = lambda: None,
+        match_wait: float = 3.0,
     ) -> None:
         self._node = node
         self._queue = queue
@@ -48,11 +49,12 @@ class Allocator:
         self._journal = journal
         self._metrics = metrics
         self._on_granted = on_granted
+        self._match_wait = match_wait
 
     def preferred(
         self, resource: str, request: pb.ContainerPreferredAllocationRequest
     ) -> list[str]:
-        waiting = self._queue.peek(resource, request.allocation_size)
+        waiting = self._queue.peek(resource, request.allocation_size, self._match_wait)
         if waiting is None:
             return []
         wanted = [(s.index, _units(resource, s)) for s in waiting.container.gpus]
@@ -75,7 +77,8 @@ class Allocator:
                 resource,
                 len(device_ids),
                 snapshot.advertised,
-                snapshot.catalog.gpus_of(device_ids),
+                self._journal.answered(resource, device_ids),
+                self._match_wait,
             )
         except NoMatch as err:
             self._metrics.failures.labels(resource, "no-match").inc()
@@ -103,7 +106,7 @@ class Allocator:
             waiting.pod.key,
             waiting.container.name,
             ",".join(str(s.index) for s in waiting.container.gpus),
-            " (again, after a kubelet reset)" if match.reallocation else "",
+            " (asked again with the same IDs)" if match.reallocation else "",
         )
         self._on_granted()
         return response

@@ -12,7 +12,7 @@ replaced by a short digest of it.
 
 import hashlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -95,10 +95,6 @@ class DeviceCatalog:
         parsed = parse_device_id(device_id)
         return None if parsed is None else self._by_key.get(parsed.gpu_key)
 
-    def gpus_of(self, device_ids: Iterable[str]) -> tuple[int, ...]:
-        """Indices of the GPUs the IDs name, sorted, unknown IDs left out."""
-        found = {gpu.index for gpu in map(self.gpu_of, device_ids) if gpu is not None}
-        return tuple(sorted(found))
 
 
 def preferred_ids(

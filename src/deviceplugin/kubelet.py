@@ -356,16 +356,14 @@ class KubeletStandIn:
         if not request.endpoint or "/" in request.endpoint:
             return f"endpoint {request.endpoint!r} must be a socket file name in {self.plugin_dir}"
         socket = self.plugin_dir / request.endpoint
-        probe = grpc.insecure_channel(f"unix://{socket}")
-        try:
-            grpc.channel_ready_future(probe).result(timeout=DIAL_TIMEOUT)
-            options = pb_grpc.DevicePluginStub(probe).GetDevicePluginOptions(
-                pb.Empty(), timeout=DIAL_TIMEOUT
-            )
-        except (grpc.FutureTimeoutError, grpc.RpcError) as err:
-            return f"cannot connect to the plugin at {socket}: {err}"
-        finally:
-            probe.close()
+        # A blocking dial, as the kubelet's: wait for the socket to accept, then ask.
+        with grpc.insecure_channel(f"unix://{socket}") as probe:
+            try:
+                options = pb_grpc.DevicePluginStub(probe).GetDevicePluginOptions(
+                    pb.Empty(), timeout=DIAL_TIMEOUT, wait_for_ready=True
+                )
+            except grpc.RpcError as err:
+                return f"cannot connect to the plugin at {socket}: {err.details()}"
         registration = Registration(request.resource_name, request.endpoint, options)
         endpoint = _Endpoint(registration, socket, self._changed)
         with self._changed:

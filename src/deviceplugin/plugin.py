@@ -23,7 +23,7 @@ from deviceplugin.assignment import AssignmentWriter
 from deviceplugin.feed import DeviceFeed
 from deviceplugin.gpus import GpuBackend, HealthChange
 from deviceplugin.informer import Informer
-from deviceplugin.journal import GrantJournal
+from deviceplugin.journal import FILE_NAME, GrantJournal
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.node import LocalNode, NodeChange, NodeSnapshot
 from deviceplugin.publisher import InventoryPublisher
@@ -49,6 +49,8 @@ class PluginConfig:
     """Seconds between checks for a kubelet restart (re-registration within a second)."""
     reconcile_delay: float = 2.0
     reconcile_interval: float = 60.0
+    match_wait: float = 3.0
+    """Seconds a call that matches nothing waits for the pod watch to catch up."""
 
 
 class DevicePlugin:
@@ -66,7 +68,7 @@ class DevicePlugin:
         self.node = LocalNode(backend.discover())
         self.queue = AdmissionQueue(config.node_name)
         self.feeds = {resource: DeviceFeed(resource) for resource in MANAGED_RESOURCES}
-        self.journal = GrantJournal()
+        self.journal = GrantJournal(config.plugin_dir / FILE_NAME)
         self.assignments = AssignmentWriter(cluster)
         self.inventory = InventoryPublisher(cluster, config.node_name)
         self.reconciler = (
@@ -90,6 +92,7 @@ class DevicePlugin:
             self.journal,
             self.metrics,
             on_granted=self.reconciler.poke if self.reconciler else lambda: None,
+            match_wait=config.match_wait,
         )
         self.registrar = Registrar(
             config.plugin_dir,
@@ -106,7 +109,7 @@ class DevicePlugin:
             "pod-informer",
             lambda: cluster.list_pods(config.node_name),
             lambda rv: cluster.watch_pods(rv, config.node_name),
-            self.queue.replace,
+            self._on_pods,
             self._on_pod,
         )
         self._stopped = threading.Event()
@@ -181,9 +184,14 @@ class DevicePlugin:
         deleted = event.type is EventType.DELETED
         self.node.set_labels({} if deleted else event.object.metadata.labels)
 
+    def _on_pods(self, pods: list[Pod]) -> None:
+        self.queue.replace(pods)
+        self.journal.keep_pods(self.queue.uids())
+
     def _on_pod(self, event: WatchEvent[Pod]) -> None:
         if event.type is EventType.DELETED:
             self.queue.remove(event.object)
+            self.journal.keep_pods(self.queue.uids())
         else:
             self.queue.upsert(event.object)
 

@@ -76,10 +76,12 @@ class DevicePlugin:
                 config.pod_resources_socket,
                 self.queue,
                 self.journal,
+                self.assignments,
                 cluster,
                 self.metrics,
                 config.reconcile_delay,
                 config.reconcile_interval,
+                ready=lambda: self._pod_informer.wait_synced(0),
             )
             if config.pod_resources_socket is not None
             else None

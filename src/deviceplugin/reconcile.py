@@ -10,12 +10,14 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 import grpc
 
 from deviceplugin.admission import AdmissionQueue
-from deviceplugin.assignment import patch_allocation
+from deviceplugin.assignment import AssignmentWriter, patch_allocation
 from deviceplugin.journal import GrantJournal
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.podresources import holdings, list_pod_resources
@@ -27,7 +29,8 @@ from gpushare.resources import MANAGED_RESOURCES
 
 log = logging.getLogger(__name__)
 
-EVENT_REASON = "GpuAllocationRepaired"
+EVENT_REASON: Final = "GpuAllocationRepaired"
+FLUSH_TIMEOUT: Final = 5.0
 
 
 class Reconciler:
@@ -36,13 +39,17 @@ class Reconciler:
         socket: Path,
         queue: AdmissionQueue,
         journal: GrantJournal,
+        assignments: AssignmentWriter,
         cluster: Cluster,
         metrics: PluginMetrics,
         delay: float = 2.0,
         interval: float = 60.0,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self.socket = socket
         self._queue = queue
+        self._assignments = assignments
+        self._ready = ready
         self._journal = journal
         self._cluster = cluster
         self._metrics = metrics
@@ -84,14 +91,11 @@ class Reconciler:
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(
-                    lambda: self._stopped or time.monotonic() >= self._due,
-                    max(0.0, self._due - time.monotonic()),
-                )
+                # Re-reads the due time after every wake-up: poke() brings it forward.
+                while not self._stopped and time.monotonic() < self._due:
+                    self._cond.wait(self._due - time.monotonic())
                 if self._stopped:
                     return
-                if time.monotonic() < self._due:
-                    continue
                 self._due = time.monotonic() + self._interval
             try:
                 self.reconcile()
@@ -104,10 +108,16 @@ class Reconciler:
                 self._cond.notify_all()
 
     def reconcile(self) -> Plan | None:
-        """One pass: read PodResources, plan, apply. None when the socket is missing."""
+        """One pass: read PodResources, plan, apply. None when there is nothing to
+        compare yet (no socket, or the pods not listed yet)."""
         if not self.socket.exists():
             log.debug("no PodResources socket at %s; nothing to confirm", self.socket)
             return None
+        if not self._ready():
+            self.poke()
+            return None
+        # Our own `assigned` marks land first, so a repair is never overwritten by one.
+        self._assignments.flush(FLUSH_TIMEOUT)
         response = list_pod_resources(self.socket)
         bound = {pod.key: (pod, allocation) for pod, allocation in self._queue.bound_pods()}
         allocations = {key: allocation for key, (_, allocation) in bound.items()}

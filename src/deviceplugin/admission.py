@@ -17,11 +17,13 @@ delivered it, so a call that matches nothing waits a moment for the queue to
 change before it is refused.
 """
 
+import bisect
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 
 from gpushare import annotation
 from gpushare.allocation import ContainerAllocation, PodAllocation
@@ -65,17 +67,41 @@ class NoMatch(LookupError):
     what was waiting."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, eq=False)
 class _BoundPod:
     pod: Pod
     allocation: PodAllocation
     containers: tuple[WaitingContainer, ...]
     """Containers with our resources, in the kubelet's admission order."""
+    raw: str | None
+    """The allocation annotation as read, to skip parsing it again when unchanged."""
 
     @property
     def order(self) -> tuple[datetime, datetime, str]:
         created = self.pod.metadata.creation_timestamp or _EPOCH
         return (self.allocation.bound_at, created, self.pod.key)
+
+    @cached_property
+    def open(self) -> bool:
+        """Some container is not marked assigned yet."""
+        return any(not c.container.assigned for c in self.containers)
+
+    @cached_property
+    def started(self) -> bool:
+        """Some container is marked assigned: the kubelet is admitting this pod."""
+        return any(c.container.assigned for c in self.containers)
+
+    def first_waiting(
+        self, resource: str, count: int, served: Mapping[tuple[str, str], set[str]]
+    ) -> WaitingContainer | None:
+        for waiting in self.containers:
+            if waiting.requests.get(resource) == count and _waits(waiting, resource, served):
+                return waiting
+        return None
+
+
+def _order(bound: _BoundPod) -> tuple[datetime, datetime, str]:
+    return bound.order
 
 
 class AdmissionQueue:
@@ -84,7 +110,9 @@ class AdmissionQueue:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._pods: dict[str, _BoundPod] = {}
-        self._ordered: list[_BoundPod] = []
+        self._open: list[_BoundPod] = []
+        """Pods with containers not yet assigned, oldest binding first: all a call
+        looks at, so a node full of running pods does not slow Allocate down."""
         self._served: dict[tuple[str, str], set[str]] = {}
         self._unreadable: dict[str, str] = {}
 
@@ -92,26 +120,38 @@ class AdmissionQueue:
 
     def replace(self, pods: Iterable[Pod]) -> None:
         with self._lock:
-            self._pods.clear()
+            previous = self._pods
+            self._pods = {}
             self._unreadable.clear()
             for pod in pods:
-                self._put(pod)
+                bound = self._bound(pod, previous.get(pod.metadata.uid))
+                if bound is not None:
+                    self._pods[pod.metadata.uid] = bound
+            self._open = sorted((b for b in self._pods.values() if b.open), key=_order)
             live = {c.key for bound in self._pods.values() for c in bound.containers}
             self._served = {k: v for k, v in self._served.items() if k in live}
-            self._sort()
+            self._changed.notify_all()
 
     def upsert(self, pod: Pod) -> None:
         with self._lock:
-            self._put(pod)
-            self._sort()
+            uid = pod.metadata.uid
+            bound = self._bound(pod, self._drop(uid))
+            if bound is not None:
+                self._pods[uid] = bound
+                if bound.open:
+                    bisect.insort(self._open, bound, key=_order)
+                for c in bound.containers:
+                    if c.container.assigned:
+                        self._served.pop(c.key, None)  # the annotation says it now
+            self._changed.notify_all()
 
     def remove(self, pod: Pod) -> None:
         with self._lock:
             uid = pod.metadata.uid
-            self._pods.pop(uid, None)
+            self._drop(uid)
             self._unreadable.pop(pod.key, None)
             self._served = {k: v for k, v in self._served.items() if k[0] != uid}
-            self._sort()
+            self._changed.notify_all()
 
     # ----- read by Allocate and GetPreferredAllocation
 
@@ -159,7 +199,7 @@ class AdmissionQueue:
 
     def bound_pod(self, key: str) -> tuple[Pod, PodAllocation] | None:
         with self._lock:
-            for bound in self._ordered:
+            for bound in self._pods.values():
                 if bound.pod.key == key:
                     return bound.pod, bound.allocation
             return None
@@ -170,31 +210,33 @@ class AdmissionQueue:
 
     def bound_pods(self) -> list[tuple[Pod, PodAllocation]]:
         with self._lock:
-            return [(b.pod, b.allocation) for b in self._ordered]
+            return [(b.pod, b.allocation) for b in sorted(self._pods.values(), key=_order)]
 
     def waiting(self, resource: str) -> list[WaitingContainer]:
         with self._lock:
-            return [w for b in self._ordered for w in b.containers if self._waits(w, resource)]
+            return [w for b in self._open for w in b.containers if self._waits(w, resource)]
 
     # ----- internals (called with the lock held)
 
-    def _put(self, pod: Pod) -> None:
-        uid = pod.metadata.uid
-        self._unreadable.pop(pod.key, None)
-        bound = self._bound(pod)
-        if bound is None:
-            self._pods.pop(uid, None)
-        else:
-            self._pods[uid] = bound
+    def _drop(self, uid: str) -> _BoundPod | None:
+        bound = self._pods.pop(uid, None)
+        if bound is not None and bound.open:
+            self._open.remove(bound)
+        return bound
 
-    def _bound(self, pod: Pod) -> _BoundPod | None:
+    def _bound(self, pod: Pod, before: _BoundPod | None) -> _BoundPod | None:
+        self._unreadable.pop(pod.key, None)
         if pod.spec.node_name != self.node_name or pod.is_terminated:
             return None
-        try:
-            allocation = annotation.decode(pod)
-        except AnnotationError as err:
-            self._unreadable[pod.key] = str(err)
-            return None
+        raw = pod.metadata.annotations.get(annotation.ALLOCATION)
+        if before is not None and raw is not None and raw == before.raw:
+            allocation: PodAllocation | None = before.allocation  # unchanged: skip the parse
+        else:
+            try:
+                allocation = annotation.decode(pod)
+            except AnnotationError as err:
+                self._unreadable[pod.key] = str(err)
+                return None
         if allocation is None or allocation.node != self.node_name:
             return None
         containers = []
@@ -202,11 +244,7 @@ class AdmissionQueue:
             requests = _requests(_spec(pod, container))
             if requests:
                 containers.append(WaitingContainer(pod, allocation, container, requests))
-        return _BoundPod(pod, allocation, tuple(containers))
-
-    def _sort(self) -> None:
-        self._ordered = sorted(self._pods.values(), key=lambda b: b.order)
-        self._changed.notify_all()
+        return _BoundPod(pod, allocation, tuple(containers), raw)
 
     def _first_within(self, resource: str, count: int, wait: float) -> WaitingContainer | None:
         deadline = time.monotonic() + wait
@@ -218,25 +256,20 @@ class AdmissionQueue:
             self._changed.wait(remaining)
 
     def _waits(self, waiting: WaitingContainer, resource: str) -> bool:
-        return (
-            resource in waiting.requests
-            and not waiting.container.assigned
-            and resource not in self._served.get(waiting.key, ())
-        )
-
-    def _in_progress(self, bound: _BoundPod) -> bool:
-        return any(c.container.assigned or c.key in self._served for c in bound.containers)
+        return _waits(waiting, resource, self._served)
 
     def _first(self, resource: str, count: int) -> WaitingContainer | None:
-        fallback = None
-        for bound in self._ordered:
-            for waiting in bound.containers:
-                if self._waits(waiting, resource) and waiting.requests[resource] == count:
-                    if self._in_progress(bound):
-                        return waiting
-                    fallback = fallback or waiting
-                    break
-        return fallback
+        """A pod whose admission is under way first (normally none or one), else
+        the oldest binding."""
+        under_way = {uid for uid, _ in self._served} | {
+            b.pod.metadata.uid for b in self._open if b.started
+        }
+        pods = [self._pods[uid] for uid in under_way if uid in self._pods]
+        for bound in sorted(pods, key=_order) + self._open:
+            waiting = bound.first_waiting(resource, count, self._served)
+            if waiting is not None:
+                return waiting
+        return None
 
     def _container(
         self, key: tuple[str, str], resource: str, count: int
@@ -250,7 +283,7 @@ class AdmissionQueue:
         return None
 
     def _no_match(self, resource: str, count: int) -> str:
-        waiting = [w for b in self._ordered for w in b.containers if self._waits(w, resource)]
+        waiting = [w for b in self._open for w in b.containers if self._waits(w, resource)]
         asked = f"Allocate asked for {count} {resource} on node {self.node_name}"
         if waiting:
             named = ", ".join(w.describe(resource) for w in waiting[:_LISTED])
@@ -269,6 +302,16 @@ class AdmissionQueue:
             bad = "; ".join(f"{key}: {reason}" for key, reason in sorted(self._unreadable.items()))
             text += f"; unreadable allocations: {bad}"
         return text
+
+
+def _waits(
+    waiting: WaitingContainer, resource: str, served: Mapping[tuple[str, str], set[str]]
+) -> bool:
+    return (
+        resource in waiting.requests
+        and not waiting.container.assigned
+        and resource not in served.get(waiting.key, ())
+    )
 
 
 def _admission_rank(container: ContainerAllocation) -> tuple[int, int]:

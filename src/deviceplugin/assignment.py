@@ -5,6 +5,9 @@ Every write is a patch with the pod's resourceVersion as precondition, retried
 on Conflict against a fresh read, so a concurrent writer (the extender, a
 repair) is never overwritten. Marking happens on a background thread, off the
 Allocate path: the kubelet admits pods one at a time and waits for each answer.
+The thread lingers a moment after a mark, so the answer leaves before it takes
+the interpreter, and a pod's containers, answered in quick succession, are
+marked in one patch.
 """
 
 import logging
@@ -21,6 +24,8 @@ from gpushare.objects import Pod
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 5
+LINGER = 0.02
+"""Seconds between a mark and its patch."""
 
 AllocationChange = Callable[[PodAllocation], PodAllocation]
 
@@ -65,8 +70,9 @@ def patch_allocation(cluster: Cluster, pod: Pod, change: AllocationChange) -> Po
 
 
 class AssignmentWriter:
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, linger: float = LINGER) -> None:
         self._cluster = cluster
+        self._linger = linger
         self._cond = threading.Condition()
         self._todo: deque[tuple[Pod, str]] = deque()
         self._busy = False
@@ -98,11 +104,12 @@ class AssignmentWriter:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._todo or self._stopped)
+                self._busy = True
+                self._cond.wait_for(lambda: self._stopped, self._linger)
                 if self._stopped:
                     return
                 batch = list(self._todo)
                 self._todo.clear()
-                self._busy = True
             try:
                 for pod, names in _by_pod(batch):
                     patch_allocation(self._cluster, pod, lambda a, n=names: a.with_assigned(n))

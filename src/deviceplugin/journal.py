@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from io import TextIOWrapper
 from pathlib import Path
 from typing import Final
 
@@ -59,6 +60,7 @@ class GrantJournal:
         self._lock = threading.Lock()
         self._open: dict[CallKey, Grant] = {}
         self._answered: dict[CallKey, tuple[str, str]] = self._load()
+        self._file: TextIOWrapper | None = None
 
     def add(self, grant: Grant) -> None:
         with self._lock:
@@ -82,6 +84,12 @@ class GrantJournal:
         with self._lock:
             for grant in grants:
                 self._open.pop(grant.call, None)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
 
     def keep_pods(self, uids: Collection[str]) -> None:
         """Forgets the answers of pods that are gone."""
@@ -110,8 +118,10 @@ class GrantJournal:
         if self._path is None:
             return
         try:
-            with self._path.open("a") as out:
-                out.write(_line(call, uid, container))
+            if self._file is None:
+                self._file = self._path.open("a")
+            self._file.write(_line(call, uid, container))
+            self._file.flush()
         except OSError as err:
             log.warning("cannot record the answer in %s: %s", self._path, err)
 
@@ -119,6 +129,9 @@ class GrantJournal:
         if self._path is None:
             return
         text = "".join(_line(call, *owner) for call, owner in self._answered.items())
+        if self._file is not None:
+            self._file.close()
+            self._file = None
         try:
             partial = self._path.with_suffix(".tmp")
             partial.write_text(text)

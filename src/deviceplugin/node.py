@@ -5,6 +5,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 
 from deviceplugin.devices import DeviceCatalog
 from deviceplugin.gpus import HealthChange, PhysicalGpu
@@ -30,17 +31,18 @@ class NodeSnapshot:
     def inventory(self) -> tuple[Gpu, ...]:
         return tuple(g.gpu for g in self.gpus)
 
-    @property
+    # Snapshots are read on every Allocate: derived values are computed once.
+    @cached_property
     def mode(self) -> NodeMode | None:
         return node_mode(self.labels)
 
-    @property
+    @cached_property
     def advertised(self) -> tuple[str, ...]:
         """Resources this node offers now; none when it is not labelled for sharing."""
         mode = self.mode
         return mode.advertised_resources if mode is not None else ()
 
-    @property
+    @cached_property
     def isolation_disabled(self) -> bool:
         return isolation_disabled(self.mode, self.labels)
 

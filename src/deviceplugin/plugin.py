@@ -147,6 +147,7 @@ class DevicePlugin:
         self._node_informer.stop()
         self.assignments.stop()
         self.inventory.stop()
+        self.journal.close()
         if self._health_thread is not None:
             self._health_thread.join(timeout=5)
 

@@ -60,6 +60,7 @@ class LocalNode:
     def __init__(self, gpus: tuple[PhysicalGpu, ...]) -> None:
         self._lock = threading.RLock()
         self._snapshot = NodeSnapshot(gpus, {})
+        self._labels_known = False
         self._listeners: list[NodeListener] = []
 
     def snapshot(self) -> NodeSnapshot:
@@ -70,8 +71,9 @@ class LocalNode:
 
     def set_labels(self, labels: Mapping[str, str]) -> None:
         with self._lock:
-            if dict(labels) == dict(self._snapshot.labels):
+            if self._labels_known and dict(labels) == dict(self._snapshot.labels):
                 return
+            self._labels_known = True
             self._snapshot = NodeSnapshot(self._snapshot.gpus, dict(labels))
             self._notify(self._snapshot, NodeChange.LABELS)
 

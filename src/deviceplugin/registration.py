@@ -38,6 +38,8 @@ SOCKET_NAMES: Final = {
     GPU_COUNT: "gpushare-count.sock",
     GPU_CORE: "gpushare-core.sock",
 }
+MAX_SOCKET_PATH: Final = 107
+"""sun_path holds 108 bytes including the terminating NUL."""
 WITHDRAW_FLUSH: Final = 1.0
 """Seconds to wait for the empty list to reach the kubelet before stopping."""
 _BACKOFF_MAX: Final = 5.0
@@ -85,6 +87,12 @@ class Registrar:
         poll_interval: float = 0.1,
         register_timeout: float = 10.0,
     ) -> None:
+        longest = max((str(plugin_dir / name) for name in SOCKET_NAMES.values()), key=len)
+        if len(longest) > MAX_SOCKET_PATH:
+            raise ValueError(
+                f"socket path {longest} is longer than {MAX_SOCKET_PATH} bytes, the limit of "
+                f"a unix socket address; use a shorter --device-plugin-dir"
+            )
         self.plugin_dir = plugin_dir
         self.kubelet_socket = plugin_dir / KUBELET_SOCKET
         self._feeds = feeds

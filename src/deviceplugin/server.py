@@ -24,8 +24,6 @@ from deviceplugin.feed import DeviceFeed
 
 log = logging.getLogger(__name__)
 
-MAX_SOCKET_PATH: Final = 107
-"""sun_path holds 108 bytes including the terminating NUL."""
 _STREAM_POLL: Final = 0.5
 _WORKERS: Final = 8
 
@@ -38,11 +36,6 @@ class ResourceServer:
     def __init__(
         self, resource: str, socket_path: Path, feed: DeviceFeed, allocator: Allocator
     ) -> None:
-        if len(str(socket_path)) > MAX_SOCKET_PATH:
-            raise ValueError(
-                f"socket path {socket_path} is longer than {MAX_SOCKET_PATH} bytes, the limit "
-                f"of a unix socket address; use a shorter --device-plugin-dir"
-            )
         self.resource = resource
         self.socket_path = socket_path
         self._feed = feed

@@ -100,6 +100,16 @@ def test_unusable_mock_settings_stop_the_start_with_a_reason(argv, reason, short
     assert reason in caplog.text
 
 
+def test_a_device_plugin_dir_too_long_for_a_socket_is_refused(short_tmp, caplog):
+    too_long = short_tmp / ("d" * 100)
+    args = build_parser().parse_args(
+        ["--node-name=n1", "--backend=mock", "--mock-gpus=1x8", f"--device-plugin-dir={too_long}"]
+    )
+    with caplog.at_level(logging.ERROR):
+        assert run(args, MemoryCluster(), threading.Event()) == 1
+    assert "use a shorter --device-plugin-dir" in caplog.text
+
+
 def test_without_nvml_the_nvml_backend_says_so(short_tmp, caplog):
     pynvml = pytest.importorskip("pynvml")
     try:

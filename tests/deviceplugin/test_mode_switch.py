@@ -1,5 +1,7 @@
 """The node's mode label on a live node: resources come and go without a restart."""
 
+import logging
+
 from gpushare.labels import LABEL_DISABLE_ISOLATION, LABEL_LEGACY_SHARE, LABEL_SCHEDULE
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
 from tests.deviceplugin.rig import WAIT, eventually
@@ -65,3 +67,20 @@ def test_mode_and_isolation_label_change_the_environment_of_later_containers(mak
     third = rig.bind("third", [[0]], mem=2)
     [shared] = rig.kubelet.admit(third)
     assert shared.envs["CGPU_DISABLE"] == "true"
+
+
+def test_an_unlabelled_node_says_why_it_advertises_nothing(make_rig, caplog):
+    with caplog.at_level(logging.INFO, logger="deviceplugin"):
+        make_rig(mode=None).start()
+
+    assert "node mode is unset: advertising nothing" in caplog.text
+
+
+def test_a_wrong_node_name_is_reported_and_nothing_is_advertised(make_rig, caplog):
+    rig = make_rig()
+    rig.node = "not-this-one"
+    with caplog.at_level(logging.WARNING, logger="deviceplugin"):
+        rig.start()
+
+    assert "node not-this-one is not in the cluster" in caplog.text
+    assert rig.kubelet.registrations == []

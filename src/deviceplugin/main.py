@@ -126,7 +126,15 @@ def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> in
         args.log_level,
     )
     if args.metrics_port:
-        metrics.serve(args.metrics_port)
+        try:
+            metrics.serve(args.metrics_port)
+        except OSError as err:
+            log.error(
+                "cannot serve metrics on port %d (%s); pick another --metrics-port or 0",
+                args.metrics_port,
+                err,
+            )
+            return 1
     plugin.start()
     stop.wait()
     log.info("stopping")

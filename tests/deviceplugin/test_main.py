@@ -176,6 +176,25 @@ def test_run_logs_its_configuration_and_serves_metrics(short_tmp, caplog):
         )
 
 
+def test_a_busy_metrics_port_is_reported(short_tmp, caplog):
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = build_parser().parse_args(
+            [
+                "--node-name=n1",
+                "--backend=mock",
+                "--mock-gpus=1x8GiB",
+                f"--device-plugin-dir={short_tmp / 'dp'}",
+                f"--metrics-port={port}",
+            ]
+        )
+        with caplog.at_level(logging.ERROR):
+            assert run(args, MemoryCluster(), threading.Event()) == 1
+    assert f"cannot serve metrics on port {port}" in caplog.text
+
+
 def test_the_process_registers_and_stops_cleanly_on_sigterm(short_tmp):
     (short_tmp / "fake" / "kubecluster").mkdir(parents=True)
     (short_tmp / "fake" / "kubecluster" / "__init__.py").write_text(FAKE_KUBECLUSTER)

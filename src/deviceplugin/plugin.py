@@ -206,8 +206,8 @@ class DevicePlugin:
     def _on_node_change(self, snapshot: NodeSnapshot, change: NodeChange) -> None:
         self._publish_feeds(snapshot)
         if change is NodeChange.HEALTH:
-            self.inventory.publish(snapshot.inventory)
             self.metrics.unhealthy_gpus.set(sum(not g.healthy for g in snapshot.inventory))
+            self.inventory.publish(snapshot.inventory)
         else:
             log.info(
                 "node mode is %s: advertising %s",

@@ -18,7 +18,7 @@ from deviceplugin.main import build_parser, main, run
 from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.inventory import parse_layout
 from gpushare.resources import GPU_COUNT, GPU_MEM
-from tests.deviceplugin.rig import WAIT
+from tests.deviceplugin.rig import WAIT, eventually
 
 FLAGS = (
     "--node-name",
@@ -125,6 +125,17 @@ def test_without_nvml_the_nvml_backend_says_so(short_tmp, caplog):
     assert "--backend mock" in caplog.text
 
 
+def _metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT) as page:
+        return page.read().decode()
+
+
+def _registered(metrics: str) -> list[str]:
+    prefix = "gpushare_device_plugin_registered_resources{"
+    lines = metrics.splitlines()
+    return [line for line in lines if line.startswith(prefix) and line.endswith(" 1.0")]
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -153,8 +164,9 @@ def test_run_logs_its_configuration_and_serves_metrics(short_tmp, caplog):
         with caplog.at_level(logging.INFO, logger="deviceplugin"):
             runner.start()
             assert kubelet.wait_for(lambda: kubelet.registered() == {GPU_MEM, GPU_COUNT}, WAIT)
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT) as page:
-                metrics = page.read().decode()
+            # The plugin counts a registration once the kubelet's answer is back.
+            assert eventually(lambda: len(_registered(_metrics(port))) == 2)
+            metrics = _metrics(port)
     finally:
         stop.set()
         runner.join(WAIT)
@@ -170,10 +182,10 @@ def test_run_logs_its_configuration_and_serves_metrics(short_tmp, caplog):
         "gpushare_device_plugin_unhealthy_gpus",
     ):
         assert f"# TYPE {name.removesuffix('_total')}" in metrics
-    for resource in (GPU_MEM, GPU_COUNT):
-        assert f'gpushare_device_plugin_registered_resources{{resource="{resource}"}} 1.0' in (
-            metrics
-        )
+    assert _registered(metrics) == [
+        f'gpushare_device_plugin_registered_resources{{resource="{r}"}} 1.0'
+        for r in (GPU_MEM, GPU_COUNT)
+    ]
 
 
 def test_a_busy_metrics_port_is_reported(short_tmp, caplog):

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 DEVICE_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
 POD_RESOURCES_SOCKET: Final = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+HEALTH_RETRY: Final = 10.0
 
 
 @dataclass(frozen=True)
@@ -128,10 +129,7 @@ class DevicePlugin:
         self._node_informer.start()
         self._pod_informer.start()
         self._health_thread = threading.Thread(
-            target=self.backend.watch_health,
-            args=(self._on_health, self._stopped),
-            name="gpu-health",
-            daemon=True,
+            target=self._watch_health, name="gpu-health", daemon=True
         )
         self._health_thread.start()
         self.registrar.start()
@@ -165,6 +163,14 @@ class DevicePlugin:
         )
 
     # ----- reactions
+
+    def _watch_health(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self.backend.watch_health(self._on_health, self._stopped)
+            except Exception:
+                log.exception("watching GPU health failed; trying again in %.0fs", HEALTH_RETRY)
+                self._stopped.wait(HEALTH_RETRY)
 
     def _list_own_node(self) -> Listing[Node]:
         # The port lists all nodes; the collection's resourceVersion is where the watch starts.

@@ -69,7 +69,7 @@ class Allocator:
     def allocate(self, resource: str, device_ids: Sequence[str]) -> pb.ContainerAllocateResponse:
         started = time.perf_counter()
         if not device_ids:
-            self._metrics.failures.labels(resource, "no-devices").inc()
+            self._metrics.refused(resource, "no-devices")
             raise AllocationRefused(f"Allocate for {resource} carried no device IDs")
         snapshot = self._node.snapshot()
         try:
@@ -81,9 +81,9 @@ class Allocator:
                 self._match_wait,
             )
         except NoMatch as err:
-            self._metrics.failures.labels(resource, "no-match").inc()
+            self._metrics.refused(resource, "no-match")
             raise AllocationRefused(str(err)) from None
-        self._metrics.match_latency.labels(resource).observe(time.perf_counter() - started)
+        matched = time.perf_counter() - started
         waiting = match.waiting
         response = container_response(resource, waiting, snapshot, self._backend)
         self._journal.add(
@@ -98,7 +98,7 @@ class Allocator:
         )
         if match.complete and not match.reallocation:
             self._assignments.mark(waiting.pod, waiting.container.name)
-        self._metrics.allocations.labels(resource).inc()
+        self._metrics.allocated(resource, matched)
         log.info(
             "Allocate %d %s -> %s container %s on GPU %s%s",
             len(device_ids),

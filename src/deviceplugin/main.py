@@ -24,7 +24,8 @@ from gpushare.cluster import Cluster
 
 log = logging.getLogger("deviceplugin")
 
-MOCK_HEALTH_FILE: Final = Path("/run/gpushare/mock-unhealthy-gpus")
+MOCK_HEALTH_FILE: Final = Path("/tmp/gpushare-mock-unhealthy-gpus")
+"""Under /tmp: writable in the node pod, whose root filesystem is read-only."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> in
             plugin_dir=args.device_plugin_dir,
             pod_resources_socket=args.pod_resources_socket,
         )
-        metrics = PluginMetrics()
+        metrics = PluginMetrics(args.node_name)
         plugin = DevicePlugin(config, backend, cluster, metrics)
     except (ValueError, RuntimeError) as err:
         log.error("gpushare-device-plugin cannot start: %s", err)

@@ -65,7 +65,7 @@ class DevicePlugin:
         self.config = config
         self.backend = backend
         self.cluster = cluster
-        self.metrics = metrics or PluginMetrics()
+        self.metrics = metrics or PluginMetrics(config.node_name)
         self.node = LocalNode(backend.discover())
         self.queue = AdmissionQueue(config.node_name)
         self.feeds = {resource: DeviceFeed(resource) for resource in MANAGED_RESOURCES}
@@ -118,11 +118,14 @@ class DevicePlugin:
         self._stopped = threading.Event()
         self._health_thread: threading.Thread | None = None
         self.node.subscribe(self._on_node_change)
+        self.metrics.watch_gpus(
+            lambda: self.node.snapshot().inventory,
+            lambda: [allocation for _, allocation in self.queue.bound_pods()],
+        )
 
     def start(self) -> None:
         snapshot = self.node.snapshot()
         self._publish_feeds(snapshot)
-        self.metrics.unhealthy_gpus.set(sum(not g.healthy for g in snapshot.inventory))
         self.inventory.start()
         self.inventory.publish(snapshot.inventory)
         self.assignments.start()
@@ -212,7 +215,6 @@ class DevicePlugin:
     def _on_node_change(self, snapshot: NodeSnapshot, change: NodeChange) -> None:
         self._publish_feeds(snapshot)
         if change is NodeChange.HEALTH:
-            self.metrics.unhealthy_gpus.set(sum(not g.healthy for g in snapshot.inventory))
             self.inventory.publish(snapshot.inventory)
         else:
             log.info(

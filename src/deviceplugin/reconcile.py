@@ -163,7 +163,7 @@ class Reconciler:
                 EVENT_REASON,
                 repair.message,
             )
-            self._metrics.repairs.inc()
+            self._metrics.repaired()
             log.warning("repaired the allocation of %s: %s", pod.key, repair.message)
 
     def _postpone(self, err: grpc.RpcError) -> None:

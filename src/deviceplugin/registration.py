@@ -121,7 +121,7 @@ class Registrar:
         with self._lock:
             for resource, slot in self._slots.items():
                 slot.server.stop(grace=0)
-                self._metrics.registered.labels(resource).set(0)
+                self._metrics.registered(resource, False)
             self._slots.clear()
 
     def wake(self) -> None:
@@ -179,7 +179,7 @@ class Registrar:
     def _drop(self, slot: _Slot) -> None:
         """Stops the old server before a fresh one registers: an old stream ending
         later would disconnect the new registration (A.7)."""
-        self._metrics.registered.labels(slot.server.resource).set(0)
+        self._metrics.registered(slot.server.resource, False)
         slot.server.stop(grace=0)
         del self._slots[slot.server.resource]
 
@@ -203,8 +203,7 @@ class Registrar:
         slot.registered_with = kubelet
         slot.failed_with = None
         slot.backoff = 0.5
-        self._metrics.registered.labels(resource).set(1)
-        self._metrics.registrations.labels(resource).inc()
+        self._metrics.registered(resource, True)
         log.info("registered %s with the kubelet (endpoint %s)", resource, slot.server.endpoint)
 
     def _withdraw(self, resource: str) -> None:
@@ -216,5 +215,5 @@ class Registrar:
         if slot.registered_with:
             slot.server.wait_delivered(version, WITHDRAW_FLUSH)
         slot.server.stop()
-        self._metrics.registered.labels(resource).set(0)
+        self._metrics.registered(resource, False)
         log.info("withdrew %s: the node's mode no longer advertises it", resource)

@@ -147,7 +147,9 @@ def test_an_unmatchable_call_fails_saying_what_was_asked_and_what_waits(make_rig
     assert "asked for 3 aliyun.com/gpu-mem on node n1" in message
     assert "default/a container main (2)" in message
     assert "default/b container main (4)" in message
-    assert rig.plugin.metrics.failures.labels(GPU_MEM, "no-match")._value.get() == 1
+    metrics = rig.plugin.metrics
+    failures = "gpushare_device_plugin_allocation_failures_total"
+    assert metrics.value(failures, resource=GPU_MEM, reason="no-match") == 1
     assert not rig.allocation("a").assigned and not rig.allocation("b").assigned
 
 

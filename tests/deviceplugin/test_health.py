@@ -34,7 +34,8 @@ def test_a_flipped_gpu_turns_its_devices_unhealthy_and_back(make_rig):
     assert _health_by_gpu(rig.kubelet.devices(GPU_MEM), sick) == {UNHEALTHY}
     assert _health_by_gpu(rig.kubelet.devices(GPU_MEM), healthy) == {HEALTHY}
     assert eventually(lambda: _published(rig) == {0: True, 1: False})
-    assert rig.plugin.metrics.unhealthy_gpus._value.get() == 1
+    assert rig.plugin.metrics.value("gpushare_gpu_healthy", gpu="1") == 0
+    assert rig.plugin.metrics.value("gpushare_gpu_healthy", gpu="0") == 1
 
     rig.backend.set_healthy(1, True)
 

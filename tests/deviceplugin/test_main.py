@@ -176,14 +176,16 @@ def test_run_logs_its_configuration_and_serves_metrics(short_tmp, caplog):
     assert "node=n1 backend=mock gpus=[0:Mock-GPU 16GiB, 1:Mock-GPU 16GiB]" in summary
     assert f"metrics-port={port}" in summary
     for name in (
-        "gpushare_device_plugin_allocations_total",
+        "gpushare_device_plugin_allocate_total",
         "gpushare_device_plugin_allocation_failures_total",
         "gpushare_device_plugin_match_latency_seconds",
-        "gpushare_device_plugin_unhealthy_gpus",
+        "gpushare_device_plugin_registrations_total",
+        "gpushare_gpu_memory_allocated_gib",
+        "gpushare_gpu_healthy",
     ):
-        assert f"# TYPE {name.removesuffix('_total')}" in metrics
+        assert f"# HELP {name} " in metrics
     assert _registered(metrics) == [
-        f'gpushare_device_plugin_registered_resources{{resource="{r}"}} 1.0'
+        f'gpushare_device_plugin_registered_resources{{node="n1",resource="{r}"}} 1.0'
         for r in (GPU_MEM, GPU_COUNT)
     ]
 

@@ -104,7 +104,7 @@ def test_a_pod_admitted_before_an_older_one_of_its_size_gets_the_annotation_of_i
     assert {e.severity for e in rig.cluster.events} == {EventSeverity.WARNING}
     assert "default/older container main" in pod_of["younger"].message
     assert "waits for its own Allocate" in pod_of["older"].message
-    assert rig.plugin.metrics.repairs._value.get() == 2
+    assert rig.plugin.metrics.value("gpushare_device_plugin_annotation_repairs_total") == 2
     # ACK-compatible keys follow the repaired placement.
     older_pod = rig.cluster.get_pod("default", "older")
     assert older_pod.metadata.annotations[annotation.ACK_MEM_IDX] == "1"

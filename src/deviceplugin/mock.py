@@ -3,7 +3,7 @@ tests, the demo and kind nodes without GPUs.
 
 Health can be flipped two ways: `set_healthy()` (tests), or a file the backend
 polls that lists the indices of the GPUs to report unhealthy (operators on kind:
-`echo 1 > /run/gpushare/mock-unhealthy-gpus` inside the plugin's container;
+`echo 1 > /tmp/gpushare-mock-unhealthy-gpus` inside the plugin's container;
 empty the file to heal them).
 """
 

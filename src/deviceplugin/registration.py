@@ -102,6 +102,7 @@ class Registrar:
         self._poll_interval = poll_interval
         self._register_timeout = register_timeout
         self._slots: dict[str, _Slot] = {}
+        self._kubelet_seen: bool | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopped = threading.Event()
@@ -146,10 +147,25 @@ class Registrar:
             for resource in [r for r in self._slots if r not in wanted]:
                 self._withdraw(resource)
             kubelet = socket_id(self.kubelet_socket)
+            self._note_kubelet(kubelet is not None, bool(wanted))
             for resource in wanted:
                 if self._stopped.is_set():
                     return
                 self._keep(resource, kubelet)
+
+    def _note_kubelet(self, present: bool, needed: bool) -> None:
+        """Says once when the kubelet's socket goes missing, and when it is back."""
+        if present == self._kubelet_seen or not (needed or present):
+            return
+        self._kubelet_seen = present
+        if present:
+            log.info("kubelet socket %s is there", self.kubelet_socket)
+        else:
+            log.warning(
+                "waiting for the kubelet: no %s (is --device-plugin-dir the kubelet's device "
+                "plugin directory, mounted read-write?)",
+                self.kubelet_socket,
+            )
 
     def _keep(self, resource: str, kubelet: SocketId | None) -> None:
         slot = self._slots.get(resource)

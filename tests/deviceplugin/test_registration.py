@@ -1,12 +1,13 @@
 """Registration with the kubelet (A.6), ListAndWatch, and kubelet restarts (A.7)."""
 
+import logging
 import os
 import stat
 import time
 
 from deviceplugin.registration import SOCKET_NAMES
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
-from tests.deviceplugin.rig import WAIT
+from tests.deviceplugin.rig import WAIT, eventually
 
 
 def test_registers_each_resource_of_the_mode_with_a_bare_endpoint(make_rig):
@@ -62,12 +63,14 @@ def test_kubelet_restart_is_followed_by_re_registration_within_a_second(make_rig
     assert rig.kubelet.wait_for(lambda: rig.kubelet.capacity(GPU_MEM) == (32, 32), WAIT)
 
 
-def test_registration_waits_for_the_kubelet_and_happens_once_it_appears(make_rig):
+def test_registration_waits_for_the_kubelet_and_happens_once_it_appears(make_rig, caplog):
     rig = make_rig()
     rig.kubelet.plugin_dir.mkdir(parents=True)
     plugin = rig.plugin = rig.new_plugin()
-    plugin.start()
-    assert plugin.wait_synced(WAIT)
+    with caplog.at_level(logging.WARNING, logger="deviceplugin"):
+        plugin.start()
+        assert plugin.wait_synced(WAIT)
+        assert eventually(lambda: "waiting for the kubelet: no" in caplog.text)
     # No kubelet.sock yet: the servers are up, nothing is registered.
     assert rig.kubelet.registrations == []
     assert plugin.registrar.registered() == ()

@@ -19,7 +19,7 @@ from deviceplugin.gpus import GpuBackend
 from deviceplugin.journal import Grant, GrantJournal
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.node import LocalNode, NodeSnapshot
-from gpushare.allocation import GpuSlice
+from gpushare.allocation import ContainerAllocation, GpuSlice
 from gpushare.environment import CORE_PERCENTAGE, container_env
 from gpushare.resources import GPU_CORE, GPU_COUNT
 
@@ -122,14 +122,13 @@ def container_response(
     answer carries only the compute percentage, the memory answer everything
     else. Device files come with the memory or whole-GPU answer.
     """
-    env = container_env(
-        waiting.pod, waiting.allocation, waiting.container, snapshot.isolation_disabled
-    )
+    container = _on_node_gpus(waiting.container, snapshot)
+    env = container_env(waiting.pod, waiting.allocation, container, snapshot.isolation_disabled)
     if resource == GPU_CORE:
         return pb.ContainerAllocateResponse(envs={CORE_PERCENTAGE: env[CORE_PERCENTAGE]})
     if GPU_CORE in waiting.requests and GPU_CORE in snapshot.advertised:
         del env[CORE_PERCENTAGE]
-    indices = tuple(s.index for s in waiting.container.gpus)
+    indices = tuple(s.index for s in container.gpus)
     nodes = backend.device_nodes(snapshot.physical(indices))
     return pb.ContainerAllocateResponse(
         envs=env,
@@ -140,6 +139,23 @@ def container_response(
             for n in nodes
         ],
     )
+
+
+def _on_node_gpus(container: ContainerAllocation, snapshot: NodeSnapshot) -> ContainerAllocation:
+    """Fills in the UUID and size of each GPU where the allocation lacks them: pods
+    placed by ACK's scheduler record GPU indices only."""
+    if all(s.uuid and s.gpu_mem for s in container.gpus):
+        return container
+    gpus = {g.index: g for g in snapshot.inventory}
+    slices = tuple(
+        s.model_copy(
+            update={"uuid": s.uuid or gpus[s.index].uuid, "gpu_mem": s.gpu_mem or gpus[s.index].mem}
+        )
+        if s.index in gpus
+        else s
+        for s in container.gpus
+    )
+    return container.model_copy(update={"gpus": slices})
 
 
 def _units(resource: str, gpu_slice: GpuSlice) -> int:

@@ -233,3 +233,27 @@ def test_answers_of_deleted_pods_are_forgotten(make_rig):
 
     assert eventually(lambda: not rig.plugin.journal.answered(GPU_MEM, main.device_ids[GPU_MEM]))
     assert "gone" not in (rig.kubelet.plugin_dir / "gpushare-grants.jsonl").read_text()
+
+
+def test_a_pod_placed_by_acks_scheduler_gets_the_uuid_of_its_gpu(make_rig):
+    rig = make_rig(layout="2x16GiB").start()
+    rig.cluster.create_pod(pod_spec("ack", mem=3))
+    ack_keys = {
+        "ALIYUN_COM_GPU_MEM_IDX": "1",
+        "ALIYUN_COM_GPU_MEM_POD": "3",
+        "ALIYUN_COM_GPU_MEM_DEV": "16",
+        "ALIYUN_COM_GPU_MEM_ASSUME_TIME": "1700000000000000000",
+        "ALIYUN_COM_GPU_MEM_ASSIGNED": "false",
+    }
+    rig.cluster.bind_pod("default", "ack", rig.node, annotations=ack_keys)
+
+    [main] = rig.kubelet.admit(rig.cluster.get_pod("default", "ack"))
+
+    uuid = rig.plugin.node.snapshot().inventory[1].uuid
+    assert main.envs[NVIDIA_VISIBLE_DEVICES] == uuid
+    assert (main.envs[MEM_IDX], main.envs[MEM_CONTAINER]) == ("1", "3")
+    assert _on_gpu(main.device_ids[GPU_MEM], uuid)
+    assert rig.wait_assigned("ack").assigned
+    assert rig.cluster.get_pod("default", "ack").metadata.annotations[
+        "ALIYUN_COM_GPU_MEM_ASSIGNED"
+    ] == "true"

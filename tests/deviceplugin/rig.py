@@ -37,8 +37,10 @@ class Rig:
         mode: str | None = "cgpu",
         labels: Mapping[str, str] | None = None,
         pod_resources: bool = True,
+        backend_type: type[MockBackend] = MockBackend,
     ) -> None:
         self.node = node
+        self.backend_type = backend_type
         self.layout = layout
         self.workdir = workdir
         self.cluster = MemoryCluster()
@@ -59,7 +61,7 @@ class Rig:
         return self
 
     def new_plugin(self, reconcile_delay: float = 0.05) -> DevicePlugin:
-        backend = MockBackend.from_layout(
+        backend = self.backend_type.from_layout(
             self.layout, self.node, health_file=self.health_file, poll_interval=0.05
         )
         config = PluginConfig(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from deviceplugin import demo as admission
 from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster.memory import MemoryCluster, gpu_node
@@ -70,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{path.relative_to(examples)}: {schedule(cluster, created)}")
     print()
     print(gpu_table(cluster))
+    print()
+    layouts = {name: layout for name, _, layout, _ in DEMO_NODES}
+    print(admission.render(admission.admit_bound_pods(cluster, layouts)))
     print()
     print(isolation_stage())
     return 0

@@ -1,0 +1,165 @@
+"""`gpushare-device-plugin`: the kubelet device plugin of one GPU node.
+
+Advertises aliyun.com/gpu-mem, aliyun.com/gpu-count and (core_mem nodes)
+aliyun.com/gpu-core.percentage to the kubelet, following the node label
+ack.node.gpu.schedule, and answers each container's Allocate with the GPU
+slice the gpushare scheduler extender chose for it.
+"""
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from deviceplugin.gpus import GpuBackend
+from deviceplugin.metrics import PluginMetrics
+from deviceplugin.mock import MockBackend
+from deviceplugin.plugin import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET, DevicePlugin, PluginConfig
+from gpushare.cluster import Cluster
+
+log = logging.getLogger("deviceplugin")
+
+MOCK_HEALTH_FILE: Final = Path("/tmp/gpushare-mock-unhealthy-gpus")
+"""Under /tmp: writable in the node pod, whose root filesystem is read-only."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ
+    parser = argparse.ArgumentParser(
+        prog="gpushare-device-plugin",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--node-name",
+        default=env.get("NODE_NAME", ""),
+        help="this node's name, as the API server knows it (env NODE_NAME; required)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("nvml", "mock"),
+        default=env.get("GPUSHARE_BACKEND", "nvml"),
+        help="where GPUs come from: nvml (the NVIDIA driver) or mock (--mock-gpus) "
+        "(env GPUSHARE_BACKEND)",
+    )
+    parser.add_argument(
+        "--mock-gpus",
+        metavar="LAYOUT",
+        default=env.get("GPUSHARE_MOCK_GPUS", ""),
+        help="mock GPUs as COUNTxSIZEGiB[:MODEL],..., e.g. 2x16GiB,1x80GiB:A100, or a file "
+        "holding such a layout (env GPUSHARE_MOCK_GPUS)",
+    )
+    parser.add_argument(
+        "--mock-health-file",
+        type=Path,
+        default=Path(env.get("GPUSHARE_MOCK_HEALTH_FILE", str(MOCK_HEALTH_FILE))),
+        help="mock backend: file listing the indices of GPUs to report Unhealthy, polled "
+        "every second (env GPUSHARE_MOCK_HEALTH_FILE)",
+    )
+    parser.add_argument(
+        "--device-plugin-dir",
+        type=Path,
+        default=DEVICE_PLUGIN_DIR,
+        help="the kubelet's device plugin directory (holds kubelet.sock and our sockets)",
+    )
+    parser.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=POD_RESOURCES_SOCKET,
+        help="the kubelet's PodResources socket, read to confirm allocations",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        default=env.get("KUBECONFIG", ""),
+        help="kubeconfig file; empty means in-cluster credentials (env KUBECONFIG)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9401,
+        help="port of the Prometheus /metrics endpoint; 0 turns it off",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="log level",
+    )
+    return parser
+
+
+def build_backend(args: argparse.Namespace) -> GpuBackend:
+    """Raises ValueError with a message naming the flag when it is unusable."""
+    if args.backend == "mock":
+        if not args.mock_gpus:
+            raise ValueError(
+                "--backend mock needs --mock-gpus (or GPUSHARE_MOCK_GPUS), e.g. 2x16GiB"
+            )
+        return MockBackend.from_layout(args.mock_gpus, args.node_name, args.mock_health_file)
+    from deviceplugin.nvml import NvmlBackend
+
+    return NvmlBackend()
+
+
+def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> int:
+    """Runs the plugin until `stop` is set; 1 when the GPUs cannot be read."""
+    try:
+        backend = build_backend(args)
+        config = PluginConfig(
+            node_name=args.node_name,
+            plugin_dir=args.device_plugin_dir,
+            pod_resources_socket=args.pod_resources_socket,
+        )
+        metrics = PluginMetrics(args.node_name)
+        plugin = DevicePlugin(config, backend, cluster, metrics)
+    except (ValueError, RuntimeError) as err:
+        log.error("gpushare-device-plugin cannot start: %s", err)
+        return 1
+    log.info(
+        "gpushare-device-plugin starting: %s metrics-port=%s log-level=%s",
+        plugin.summary(),
+        args.metrics_port or "off",
+        args.log_level,
+    )
+    if args.metrics_port:
+        try:
+            metrics.serve(args.metrics_port)
+        except OSError as err:
+            log.error(
+                "cannot serve metrics on port %d (%s); pick another --metrics-port or 0",
+                args.metrics_port,
+                err,
+            )
+            return 1
+    plugin.start()
+    stop.wait()
+    log.info("stopping")
+    plugin.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.node_name:
+        parser.error("--node-name (or env NODE_NAME) is required")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from kubecluster import KubeCluster  # the Kubernetes API adapter, only in production
+
+    cluster = KubeCluster.from_config(args.kubeconfig or None)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    return run(args, cluster, stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Prometheus metrics of the device plugin (served on --metrics-port).
+
+Every series carries the node's name. Per GPU, the plugin reports what the
+chart's dashboard shows (memory, memory and compute held by the pods placed on
+it, pods, health), computed at scrape time from the node's GPUs and the
+allocation annotations of its pods. Each plugin owns its registry, so tests and
+the demo can run several plugins in one process.
+"""
+
+from collections.abc import Callable, Iterator
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gpushare.allocation import PodAllocation
+from gpushare.inventory import Gpu
+
+PREFIX: Final = "gpushare_device_plugin"
+_LATENCY_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0)
+
+
+class PluginMetrics:
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.registry = CollectorRegistry()
+        self._allocate = Counter(
+            f"{PREFIX}_allocate",
+            "Allocate calls from the kubelet, per resource and result (ok, error)",
+            ["node", "resource", "result"],
+            registry=self.registry,
+        )
+        self._failures = Counter(
+            f"{PREFIX}_allocation_failures",
+            "Allocate calls refused, per resource and reason (no-match, no-devices)",
+            ["node", "resource", "reason"],
+            registry=self.registry,
+        )
+        self._match_latency = Histogram(
+            f"{PREFIX}_match_latency_seconds",
+            "Time to match an Allocate call to its container",
+            ["node", "resource"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._registered = Gauge(
+            f"{PREFIX}_registered_resources",
+            "1 while the resource is registered with the kubelet, else 0",
+            ["node", "resource"],
+            registry=self.registry,
+        )
+        self._registrations = Counter(
+            f"{PREFIX}_registrations",
+            "Registrations with the kubelet (one more per kubelet restart)",
+            ["node", "resource"],
+            registry=self.registry,
+        )
+        self._repairs = Counter(
+            f"{PREFIX}_annotation_repairs",
+            "Allocation annotations corrected from the kubelet's PodResources",
+            ["node"],
+            registry=self.registry,
+        )
+
+    def allocated(self, resource: str, match_seconds: float) -> None:
+        self._allocate.labels(self.node, resource, "ok").inc()
+        self._match_latency.labels(self.node, resource).observe(match_seconds)
+
+    def refused(self, resource: str, reason: str) -> None:
+        self._allocate.labels(self.node, resource, "error").inc()
+        self._failures.labels(self.node, resource, reason).inc()
+
+    def registered(self, resource: str, registered: bool) -> None:
+        self._registered.labels(self.node, resource).set(1 if registered else 0)
+        if registered:
+            self._registrations.labels(self.node, resource).inc()
+
+    def repaired(self) -> None:
+        self._repairs.labels(self.node).inc()
+
+    def watch_gpus(
+        self,
+        gpus: Callable[[], tuple[Gpu, ...]],
+        pods: Callable[[], list[PodAllocation]],
+    ) -> None:
+        """Reports per-GPU gauges from these sources at every scrape."""
+        self.registry.register(_GpuCollector(self.node, gpus, pods))
+
+    def value(self, name: str, **labels: str) -> float | None:
+        """One sample, by metric name and labels besides `node` (for tests and tools)."""
+        return self.registry.get_sample_value(name, {"node": self.node, **labels})
+
+    def serve(self, port: int) -> None:
+        start_http_server(port, registry=self.registry)
+
+
+class _GpuCollector(Collector):
+    def __init__(
+        self,
+        node: str,
+        gpus: Callable[[], tuple[Gpu, ...]],
+        pods: Callable[[], list[PodAllocation]],
+    ) -> None:
+        self._node = node
+        self._gpus = gpus
+        self._pods = pods
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["node", "gpu"]
+        total = GaugeMetricFamily(
+            "gpushare_gpu_memory_total_gib", "Memory of the GPU, in GiB", labels=[*labels, "model"]
+        )
+        mem = GaugeMetricFamily(
+            "gpushare_gpu_memory_allocated_gib",
+            "GiB held by the pods placed on the GPU (from their allocation annotations)",
+            labels=labels,
+        )
+        core = GaugeMetricFamily(
+            "gpushare_gpu_core_allocated_percent",
+            "Compute percent held by the pods placed on the GPU (100 for a whole GPU)",
+            labels=labels,
+        )
+        pods = GaugeMetricFamily("gpushare_gpu_pods", "Pods sharing the GPU", labels=labels)
+        healthy = GaugeMetricFamily(
+            "gpushare_gpu_healthy", "1 when the GPU is healthy, else 0", labels=labels
+        )
+        held: dict[int, list[int]] = {}
+        for allocation in self._pods():
+            for index, (gib, percent) in allocation.charges().items():
+                mem_, core_, count = held.get(index, [0, 0, 0])
+                held[index] = [mem_ + gib, core_ + percent, count + 1]
+        for gpu in self._gpus():
+            key = [self._node, str(gpu.index)]
+            gib, percent, count = held.get(gpu.index, [0, 0, 0])
+            total.add_metric([*key, gpu.model], gpu.mem)
+            mem.add_metric(key, gib)
+            core.add_metric(key, percent)
+            pods.add_metric(key, count)
+            healthy.add_metric(key, 1 if gpu.healthy else 0)
+        yield from (total, mem, core, pods, healthy)

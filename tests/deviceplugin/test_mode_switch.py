@@ -1,0 +1,86 @@
+"""The node's mode label on a live node: resources come and go without a restart."""
+
+import logging
+
+from gpushare.labels import LABEL_DISABLE_ISOLATION, LABEL_LEGACY_SHARE, LABEL_SCHEDULE
+from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
+from tests.deviceplugin.rig import WAIT, eventually
+
+
+def test_cgpu_to_core_mem_adds_the_core_resource(make_rig):
+    rig = make_rig(layout="2x16GiB", mode="cgpu").start()
+    first = len(rig.kubelet.registrations)
+
+    rig.cluster.set_node_labels(rig.node, {LABEL_SCHEDULE: "core_mem"})
+
+    rig.wait_registered([GPU_MEM, GPU_COUNT, GPU_CORE])
+    assert rig.kubelet.capacity(GPU_CORE) == (200, 200)
+    # The memory and count registrations were kept, not redone.
+    assert [r.resource for r in rig.kubelet.registrations[first:]] == [GPU_CORE]
+
+
+def test_removing_the_label_withdraws_every_resource_with_an_empty_list_first(make_rig):
+    rig = make_rig(layout="2x16GiB", mode="core_mem").start()
+
+    rig.cluster.set_node_labels(rig.node, {LABEL_SCHEDULE: None})
+
+    # Capacity drops to zero at once (the last list is empty) and the streams end.
+    for resource in (GPU_MEM, GPU_COUNT, GPU_CORE):
+        assert rig.kubelet.wait_for(lambda r=resource: rig.kubelet.capacity(r) == (0, 0), WAIT)
+    assert rig.kubelet.wait_for(lambda: rig.kubelet.registered() == set(), WAIT)
+    assert rig.plugin.registrar.registered() == ()
+    assert not list(rig.kubelet.plugin_dir.glob("gpushare-*.sock"))
+
+
+def test_core_mem_back_to_cgpu_withdraws_only_the_core_resource(make_rig):
+    rig = make_rig(layout="1x16GiB", mode="core_mem").start()
+
+    rig.cluster.set_node_labels(rig.node, {LABEL_SCHEDULE: "cgpu"})
+
+    rig.wait_registered([GPU_MEM, GPU_COUNT])
+    assert rig.kubelet.capacity(GPU_MEM) == (16, 16)
+
+
+def test_labelling_an_unlabelled_node_registers_its_resources(make_rig):
+    rig = make_rig(mode=None).start()
+    assert rig.kubelet.registrations == []
+
+    rig.cluster.set_node_labels(rig.node, {LABEL_LEGACY_SHARE: "true"})
+
+    rig.wait_registered([GPU_MEM, GPU_COUNT])
+
+
+def test_mode_and_isolation_label_change_the_environment_of_later_containers(make_rig):
+    rig = make_rig(layout="1x16GiB", mode="cgpu").start()
+    first = rig.bind("first", [[0]], mem=2)
+    [isolated] = rig.kubelet.admit(first)
+    assert "CGPU_DISABLE" not in isolated.envs
+
+    rig.cluster.set_node_labels(rig.node, {LABEL_DISABLE_ISOLATION: "true"})
+    assert eventually(lambda: rig.plugin.node.snapshot().isolation_disabled)
+    second = rig.bind("second", [[0]], mem=2)
+    [unisolated] = rig.kubelet.admit(second)
+    assert unisolated.envs["CGPU_DISABLE"] == "true"
+
+    rig.cluster.set_node_labels(rig.node, {LABEL_DISABLE_ISOLATION: None, LABEL_SCHEDULE: "share"})
+    assert eventually(lambda: rig.plugin.node.snapshot().mode == "share")
+    third = rig.bind("third", [[0]], mem=2)
+    [shared] = rig.kubelet.admit(third)
+    assert shared.envs["CGPU_DISABLE"] == "true"
+
+
+def test_an_unlabelled_node_says_why_it_advertises_nothing(make_rig, caplog):
+    with caplog.at_level(logging.INFO, logger="deviceplugin"):
+        make_rig(mode=None).start()
+
+    assert "node mode is unset: advertising nothing" in caplog.text
+
+
+def test_a_wrong_node_name_is_reported_and_nothing_is_advertised(make_rig, caplog):
+    rig = make_rig()
+    rig.node = "not-this-one"
+    with caplog.at_level(logging.WARNING, logger="deviceplugin"):
+        rig.start()
+
+    assert "node not-this-one is not in the cluster" in caplog.text
+    assert rig.kubelet.registrations == []

@@ -1,0 +1,101 @@
+"""The committed stubs are what the protos generate, with the wire names the
+kubelet expects (K8S-INTERFACES A.4, B.2, F.11, F.12)."""
+
+import filecmp
+from pathlib import Path
+
+import pytest
+from google.protobuf import descriptor_pool
+
+from deviceplugin import protogen
+from deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
+from deviceplugin.api.kubelet.podresources.v1 import api_pb2 as pr
+
+SOURCE_ROOT = Path(protogen.__file__).resolve().parents[1]
+
+
+def test_committed_stubs_equal_a_fresh_generation(tmp_path):
+    pytest.importorskip("grpc_tools", reason="grpcio-tools (dev dependency) is not installed")
+    generated = protogen.generate(tmp_path)
+
+    committed = sorted(
+        p.relative_to(SOURCE_ROOT)
+        for p in (SOURCE_ROOT / "deviceplugin/api").rglob("*")
+        if p.suffix in (".py", ".pyi")
+    )
+    assert generated == committed
+    different = [str(p) for p in generated if not filecmp.cmp(tmp_path / p, SOURCE_ROOT / p, False)]
+    assert different == [], "run scripts/gen-protos and commit the result"
+
+
+def test_the_two_api_files_are_registered_under_distinct_paths():
+    assert dp.DESCRIPTOR.name == "deviceplugin/api/kubelet/deviceplugin/v1beta1/api.proto"
+    assert pr.DESCRIPTOR.name == "deviceplugin/api/kubelet/podresources/v1/api.proto"
+    pool = descriptor_pool.Default()
+    assert pool.FindMessageTypeByName("v1beta1.TopologyInfo") is not pool.FindMessageTypeByName(
+        "v1.TopologyInfo"
+    )
+
+
+def test_packages_and_methods_form_the_kubelet_paths():
+    assert dp.DESCRIPTOR.package == "v1beta1"
+    assert pr.DESCRIPTOR.package == "v1"
+    plugin = dp.DESCRIPTOR.services_by_name["DevicePlugin"]
+    assert [m.name for m in plugin.methods] == [
+        "GetDevicePluginOptions",
+        "ListAndWatch",
+        "GetPreferredAllocation",
+        "Allocate",
+        "PreStartContainer",
+    ]
+    assert plugin.methods_by_name["ListAndWatch"].server_streaming
+    assert [m.name for m in dp.DESCRIPTOR.services_by_name["Registration"].methods] == ["Register"]
+    lister = pr.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    assert [m.name for m in lister.methods] == ["List", "GetAllocatableResources", "Get"]
+
+
+def _fields(message) -> dict[str, int]:
+    return {f.name: f.number for f in message.DESCRIPTOR.fields}
+
+
+@pytest.mark.parametrize(
+    ("message", "fields"),
+    [
+        (
+            dp.DevicePluginOptions,
+            {"pre_start_required": 1, "get_preferred_allocation_available": 2},
+        ),
+        (dp.RegisterRequest, {"version": 1, "endpoint": 2, "resource_name": 3, "options": 4}),
+        (dp.Device, {"ID": 1, "health": 2, "topology": 3}),
+        (
+            dp.ContainerPreferredAllocationRequest,
+            {"available_deviceIDs": 1, "must_include_deviceIDs": 2, "allocation_size": 3},
+        ),
+        (dp.ContainerPreferredAllocationResponse, {"deviceIDs": 1}),
+        (dp.ContainerAllocateRequest, {"devices_ids": 1}),
+        (
+            dp.ContainerAllocateResponse,
+            {"envs": 1, "mounts": 2, "devices": 3, "annotations": 4, "cdi_devices": 5},
+        ),
+        (dp.Mount, {"container_path": 1, "host_path": 2, "read_only": 3}),
+        (dp.DeviceSpec, {"container_path": 1, "host_path": 2, "permissions": 3}),
+        (dp.PreStartContainerRequest, {"devices_ids": 1}),
+        (
+            pr.PodResources,
+            {"name": 1, "namespace": 2, "containers": 3, "cpu_ids": 4, "memory": 5},
+        ),
+        (
+            pr.ContainerResources,
+            {"name": 1, "devices": 2, "cpu_ids": 3, "memory": 4, "dynamic_resources": 5},
+        ),
+        (pr.ContainerDevices, {"resource_name": 1, "device_ids": 2, "topology": 3}),
+        (pr.DynamicResource, {"claim_name": 2, "claim_namespace": 3, "claim_resources": 4}),
+        (
+            pr.ClaimResource,
+            {"cdi_devices": 1, "driver_name": 2, "pool_name": 3, "device_name": 4, "share_id": 5},
+        ),
+        (pr.GetPodResourcesRequest, {"pod_name": 1, "pod_namespace": 2}),
+    ],
+)
+def test_field_names_and_numbers(message, fields):
+    assert _fields(message) == fields

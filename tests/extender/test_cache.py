@@ -1,11 +1,10 @@
 """The scheduler cache: the API's allocations plus binds the watch has not shown yet."""
 
+from extender.cache import SchedulerCache
 from gpushare import annotation
 from gpushare.cluster import EventType
 from gpushare.placement import to_allocation
 from tests.builders import T0, node, pod, request
-
-from extender.cache import SchedulerCache
 
 
 class Clock:

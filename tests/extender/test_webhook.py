@@ -1,4 +1,5 @@
-"""The admission webhook over real HTTPS, answering AdmissionReview v1 as the API server sends it."""
+"""The admission webhook over real HTTPS, answering AdmissionReview v1 as the API server
+sends it."""
 
 import base64
 import json

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from extender.policychoice import validate_default
 from extender.server import HttpServer
 from extender.service import ExtenderConfig, ExtenderService
 from gpushare.policies import POLICIES
@@ -91,6 +92,8 @@ def config_from(args: argparse.Namespace) -> ExtenderConfig:
     for path in (args.tls_cert_file, args.tls_key_file):
         if path is not None and not path.is_file():
             raise ValueError(f"TLS file {path} does not exist")
+    if args.max_pods_per_gpu < 1:
+        raise ValueError(f"--max-pods-per-gpu must be at least 1, got {args.max_pods_per_gpu}")
     return ExtenderConfig(
         host=args.host,
         port=args.port,
@@ -99,7 +102,7 @@ def config_from(args: argparse.Namespace) -> ExtenderConfig:
         tls_cert_file=args.tls_cert_file,
         tls_key_file=args.tls_key_file,
         scheduler_name=args.scheduler_name,
-        default_placement=args.default_placement,
+        default_placement=validate_default(args.default_placement),
         max_pods_per_gpu=args.max_pods_per_gpu,
     )
 
@@ -112,12 +115,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         config = config_from(args)
-        from kubecluster import KubeCluster
+    except ValueError as err:
+        print(f"gpushare-extender: {err}", file=sys.stderr)
+        return 2
+    from kubecluster import KubeCluster
 
+    where = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster configuration"
+    try:
         cluster = KubeCluster.from_config(args.kubeconfig or None)
         service = ExtenderService(cluster, config)
-    except Exception as err:  # a bad flag or no cluster: say so and stop
-        print(f"gpushare-extender: {err}", file=sys.stderr)
+    except Exception as err:  # no cluster to talk to: say so and stop
+        print(f"gpushare-extender: cannot start with the {where}: {err}", file=sys.stderr)
         return 2
     log.info("%s", config.summary())
     service.start_watching()
@@ -131,12 +139,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             config.tls_key_file,
             log_level=args.log_level,
         ).start()
-    try:
-        HttpServer(service.app(), config.host, config.port, log_level=args.log_level).run()
-    finally:
-        if webhook is not None:
-            webhook.stop()
-        service.stop_watching()
+    # uvicorn handles SIGTERM/SIGINT: it drains requests, then re-raises the signal.
+    HttpServer(service.app(), config.host, config.port, log_level=args.log_level).run()
+    if webhook is not None:
+        webhook.stop()
+    service.stop_watching()
     return 0
 
 

@@ -13,10 +13,11 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+from extender.fittable import Answers, FitTable, NodeFit
 from extender.policychoice import node_policy
 from gpushare import annotation
 from gpushare.allocation import PodAllocation
@@ -25,7 +26,7 @@ from gpushare.errors import AnnotationError, Refusal, Rule
 from gpushare.inventory import node_gpus
 from gpushare.labels import PlacementMode
 from gpushare.objects import Node, Pod
-from gpushare.placement import Placement, PlacementPolicy, evaluate, extender_score
+from gpushare.placement import PlacementPolicy, evaluate, extender_score
 from gpushare.policies import POLICIES
 from gpushare.request import PodRequest, requests_gpu
 from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU
@@ -44,17 +45,6 @@ _OBSERVED_LIMIT = 100_000
 _EXPIRY_EVERY_S = 5.0
 
 
-class NodeFit(NamedTuple):
-    """One node's answer for one request shape."""
-
-    placement: Placement | None
-    refusal: Refusal | None
-    score: int
-    """0..10 for the extender, 0 when refused."""
-    reason: str
-    """The refusal as the user reads it ("" when the pod fits)."""
-
-
 @dataclass(slots=True)
 class _PodRecord:
     uid: str
@@ -67,13 +57,6 @@ class _Assumed:
     uid: str
     allocation: PodAllocation
     since: float
-
-
-@dataclass(slots=True)
-class _FitTable:
-    position: int
-    epochs: tuple[int, ...]
-    results: dict[str, NodeFit] = field(default_factory=dict)
 
 
 def interesting(pod: Pod) -> bool:
@@ -108,7 +91,7 @@ class SchedulerCache:
         self.pod_problems: dict[str, str] = {}
         self.assumed: dict[str, _Assumed] = {}
         self._policy_use: Counter[str] = Counter()
-        self._tables: OrderedDict[tuple[Any, ...], _FitTable] = OrderedDict()
+        self._tables: OrderedDict[tuple[Any, ...], FitTable] = OrderedDict()
         self._log: list[str] = []
         self._observed: OrderedDict[str, None] = OrderedDict()
         self._next_expiry = 0.0
@@ -211,19 +194,17 @@ class SchedulerCache:
 
     # ----- what filter, prioritize, bind and preempt read (call with the lock held)
 
-    def fits(
-        self, request: PodRequest, pod_policy: str | None, names: Iterable[str]
-    ) -> list[NodeFit]:
-        """Each node's fit for the request, reusing results for nodes unchanged since."""
+    def answers(self, request: PodRequest, pod_policy: str | None, names: list[str]) -> Answers:
+        """The request's answer on each node, against the current state (nodes that
+        did not change since an earlier request of the same shape are not evaluated
+        again)."""
         table = self._table(request, pod_policy)
-        results = table.results
-        out = []
-        for name in names:
-            fit = results.get(name)
-            if fit is None:
-                fit = results[name] = self._evaluate(name, request, pod_policy)
-            out.append(fit)
-        return out
+        return table.answers(names, lambda name: self._evaluate(name, request, pod_policy))
+
+    def fit(self, request: PodRequest, pod_policy: str | None, name: str) -> NodeFit:
+        """The request's fit on one node, as filter and prioritize see it."""
+        self.answers(request, pod_policy, [name])
+        return self._table(request, pod_policy).results[name]
 
     def place(self, name: str, request: PodRequest, pod_policy: str | None) -> NodeFit:
         """A fresh evaluation against the latest state (what bind re-checks with)."""
@@ -343,18 +324,17 @@ class SchedulerCache:
                 table.position = 0
             self._log.clear()
 
-    def _catch_up(self, table: _FitTable) -> None:
-        results = table.results
+    def _catch_up(self, table: FitTable) -> None:
         for name in self._log[table.position :]:
-            results.pop(name, None)
+            table.forget(name)
         table.position = len(self._log)
 
-    def _table(self, request: PodRequest, pod_policy: str | None) -> _FitTable:
+    def _table(self, request: PodRequest, pod_policy: str | None) -> FitTable:
         key = (pod_policy, request.shape)
         epochs = tuple(policy.epoch for policy in POLICIES.values())
         table = self._tables.get(key)
         if table is None or table.epochs != epochs:
-            table = self._tables[key] = _FitTable(len(self._log), epochs)
+            table = self._tables[key] = FitTable(len(self._log), epochs)
             if len(self._tables) > _FIT_TABLES:
                 self._tables.popitem(last=False)
         else:

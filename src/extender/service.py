@@ -79,7 +79,7 @@ class ExtenderService:
         self.pod_watch.start()
         return self
 
-    def wait_synced(self, timeout: float = 30.0) -> bool:
+    def wait_synced(self, timeout: float | None = 30.0) -> bool:
         return self.node_watch.synced.wait(timeout) and self.pod_watch.synced.wait(timeout)
 
     def stop_watching(self) -> None:

@@ -1,93 +1,80 @@
 """Filter, prioritize and preempt: kube-scheduler's questions, answered from the cache.
 
-Each function takes the parsed request and returns the JSON-ready answer in the
+Each function takes the parsed request and returns the encoded answer in the
 exact shape of the extender API (C.3). Pods that ask for none of our resources
 pass straight through; pods that break a rule are refused on every node with
 the rule, as unresolvable, since no node and no amount of waiting can help.
 """
 
-from collections import Counter
 from typing import Any
 
 from extender.cache import SchedulerCache
 from extender.metrics import ExtenderMetrics
 from extender.policychoice import pod_policy
-from extender.wire import ExtenderArgs, PreemptionArgs
+from extender.wire import ExtenderArgs, PreemptionArgs, dumps
 from gpushare.errors import PodRefused
 from gpushare.placement import Placement, evaluate
 from gpushare.request import PodRequest, parse_pod_request
 from gpushare.state import NodeState
 
 
-def filter_nodes(
-    cache: SchedulerCache, metrics: ExtenderMetrics, args: ExtenderArgs
-) -> dict[str, Any]:
+def filter_nodes(cache: SchedulerCache, metrics: ExtenderMetrics, args: ExtenderArgs) -> bytes:
     names = args.candidates()
-    passed: list[str] = []
-    failed: dict[str, str] = {}
-    unresolvable: dict[str, str] = {}
     try:
         request = parse_pod_request(args.pod)
     except PodRefused as refused:
-        reason = str(refused)
-        unresolvable = dict.fromkeys(names, reason)
         for refusal in refused.refusals:
             metrics.filter_rejections.labels(refusal.rule.value).inc(len(names))
-        return _filter_answer(args, [], failed, unresolvable)
+        reasons = dumps({name: str(refused) for name in names}).decode()
+        return _answer_without_table(args, [], reasons)
     if request is None:
-        return _filter_answer(args, names, failed, unresolvable)
+        return _answer_without_table(args, names, "{}")
     policy = pod_policy(args.pod.metadata.annotations)
-    rules: Counter[str] = Counter()
     with cache.lock:
         cache.observe(args.pod.metadata.uid or args.pod.key, request, policy)
-        fits = cache.fits(request, policy, names)
-    for name, fit in zip(names, fits, strict=True):
-        refusal = fit.refusal
-        if refusal is None:
-            passed.append(name)
-        else:
-            rules[refusal.rule] += 1
-            if refusal.rule.resolvable:
-                failed[name] = fit.reason
-            else:
-                unresolvable[name] = fit.reason
-    for rule, count in rules.items():
-        metrics.filter_rejections.labels(rule.value).inc(count)
-    return _filter_answer(args, passed, failed, unresolvable)
-
-
-def _filter_answer(
-    args: ExtenderArgs, passed: list[str], failed: dict[str, str], unresolvable: dict[str, str]
-) -> dict[str, Any]:
+        answers = cache.answers(request, policy, names)
+    refused = answers.refused()
+    for rule, count in answers.rules(refused).items():
+        metrics.filter_rejections.labels(rule).inc(count)
+    failed, unresolvable = answers.failed_json(refused), answers.unresolvable_json(refused)
     if args.node_names is not None:
-        nodes = None
-        node_names: list[str] | None = passed
-    else:
-        keep = set(passed)
-        items = (args.nodes.items if args.nodes else None) or []
-        nodes = {"metadata": {}, "items": [i for i in items if i["metadata"]["name"] in keep]}
-        node_names = None
-    return {
-        "Nodes": nodes,
-        "NodeNames": node_names,
-        "FailedNodes": failed,
-        "FailedAndUnresolvableNodes": unresolvable,
-        "Error": "",
-    }
+        return _filter_answer("null", answers.passed_json(), failed, unresolvable)
+    return _filter_answer(_echo(args, answers.passed()), "null", failed, unresolvable)
 
 
-def prioritize_nodes(cache: SchedulerCache, args: ExtenderArgs) -> list[dict[str, Any]]:
+def _answer_without_table(args: ExtenderArgs, passed: list[str], unresolvable: str) -> bytes:
+    if args.node_names is not None:
+        return _filter_answer("null", dumps(passed).decode(), "{}", unresolvable)
+    return _filter_answer(_echo(args, set(passed)), "null", "{}", unresolvable)
+
+
+def _echo(args: ExtenderArgs, passed: set[str]) -> str:
+    """The NodeList of the Node objects that passed, exactly as they were sent."""
+    items = (args.nodes.items if args.nodes else None) or []
+    echoed = [item for item in items if item["metadata"]["name"] in passed]
+    return dumps({"metadata": {}, "items": echoed}).decode()
+
+
+def _filter_answer(nodes: str, node_names: str, failed: str, unresolvable: str) -> bytes:
+    """ExtenderFilterResult, from its parts already encoded."""
+    return (
+        f'{{"Nodes":{nodes},"NodeNames":{node_names},"FailedNodes":{failed},'
+        f'"FailedAndUnresolvableNodes":{unresolvable},"Error":""}}'
+    ).encode()
+
+
+def prioritize_nodes(cache: SchedulerCache, args: ExtenderArgs) -> bytes:
     names = args.candidates()
     request = _request_or_none(args)
     if request is None:
-        return [{"Host": name, "Score": 0} for name in names]
+        return dumps([{"Host": name, "Score": 0} for name in names])
     policy = pod_policy(args.pod.metadata.annotations)
     with cache.lock:
-        fits = cache.fits(request, policy, names)
-    return [{"Host": name, "Score": fit.score} for name, fit in zip(names, fits, strict=True)]
+        answers = cache.answers(request, policy, names)
+    return answers.priorities_json().encode()
 
 
-def preempt_nodes(cache: SchedulerCache, args: PreemptionArgs) -> dict[str, Any]:
+def preempt_nodes(cache: SchedulerCache, args: PreemptionArgs) -> bytes:
     """Keeps the nodes where removing the scheduler's victims makes the pod fit by our
     rules, with the victims unchanged; drops the others. A node offered with no
     victims is dropped too: the scheduler treats an empty victim list as an error."""
@@ -102,7 +89,7 @@ def preempt_nodes(cache: SchedulerCache, args: PreemptionArgs) -> dict[str, Any]
             if request is not None and not _fits_without(cache, node, request, policy, set(uids)):
                 continue
             kept[node] = {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": violations}
-    return {"NodeNameToMetaVictims": kept}
+    return dumps({"NodeNameToMetaVictims": kept})
 
 
 def _fits_without(

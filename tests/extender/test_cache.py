@@ -1,6 +1,7 @@
 """The scheduler cache: the API's allocations plus binds the watch has not shown yet."""
 
 from extender.cache import SchedulerCache
+from extender.fittable import NodeFit
 from gpushare import annotation
 from gpushare.cluster import EventType
 from gpushare.placement import to_allocation
@@ -31,6 +32,10 @@ def assume(cache: SchedulerCache, name: str, mem: int):
     return allocation
 
 
+def fit(cache: SchedulerCache, mem: int) -> NodeFit:
+    return cache.fit(request(mem=mem), None, "n")
+
+
 def used(cache: SchedulerCache) -> int:
     return cache.snapshot().gpus["n"][0][0]
 
@@ -40,7 +45,7 @@ def test_an_event_from_before_the_bind_does_not_drop_the_reservation():
     assume(cache, "p", 10)
     cache.apply_pod(EventType.ADDED, pod("p", mem=10))  # created, not yet bound
     assert used(cache) == 10
-    assert cache.fits(request(mem=8), None, ["n"])[0].refusal is not None
+    assert fit(cache, 8).refusal is not None
 
 
 def test_the_watch_showing_the_bind_replaces_the_reservation():
@@ -83,19 +88,19 @@ def test_a_relisting_keeps_reservations_the_listing_does_not_show_yet():
 
 def test_results_are_reused_until_the_node_changes():
     cache = started()
-    first = cache.fits(request(mem=10), None, ["n"])[0]
-    assert cache.fits(request(mem=10), None, ["n"])[0] is first
+    first = fit(cache, 10)
+    assert fit(cache, 10) is first
     assume(cache, "p", 10)
-    assert cache.fits(request(mem=10), None, ["n"])[0].refusal is not None
+    assert fit(cache, 10).refusal is not None
 
 
 def test_a_node_status_update_that_changes_nothing_keeps_the_results():
     cache = started()
-    first = cache.fits(request(mem=10), None, ["n"])[0]
+    first = fit(cache, 10)
     cache.apply_node(EventType.MODIFIED, node("n", "1x16GiB"))
-    assert cache.fits(request(mem=10), None, ["n"])[0] is first
+    assert fit(cache, 10) is first
     cache.apply_node(EventType.MODIFIED, node("n", "1x8GiB"))
-    assert "[gpu-too-small]" in cache.fits(request(mem=10), None, ["n"])[0].reason
+    assert "[gpu-too-small]" in fit(cache, 10).reason
 
 
 def test_a_node_with_an_unreadable_gpu_annotation_is_refused_with_why():
@@ -109,7 +114,7 @@ def test_a_node_with_an_unreadable_gpu_annotation_is_refused_with_why():
         }
     )
     cache.apply_node(EventType.MODIFIED, broken)
-    reason = cache.fits(request(mem=1), None, ["n"])[0].reason
+    reason = fit(cache, 1).reason
     assert "gpushare.io/gpus is malformed" in reason and "device plugin" in reason
 
 

@@ -203,8 +203,9 @@ class SchedulerCache:
 
     def fit(self, request: PodRequest, pod_policy: str | None, name: str) -> NodeFit:
         """The request's fit on one node, as filter and prioritize see it."""
-        self.answers(request, pod_policy, [name])
-        return self._table(request, pod_policy).results[name]
+        with self.lock:
+            self.answers(request, pod_policy, [name])
+            return self._table(request, pod_policy).results[name]
 
     def place(self, name: str, request: PodRequest, pod_policy: str | None) -> NodeFit:
         """A fresh evaluation against the latest state (what bind re-checks with)."""

@@ -28,7 +28,7 @@ class ExtenderMetrics:
         )
         self.binds = Counter(
             "gpushare_extender_binds",
-            "Bind requests by result (bound, refused, failed)",
+            "Bind requests by result (bound, refused)",
             ["result"],
             registry=self.registry,
         )

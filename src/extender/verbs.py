@@ -79,8 +79,11 @@ def preempt_nodes(cache: SchedulerCache, args: PreemptionArgs) -> bytes:
     rules, with the victims unchanged; drops the others. A node offered with no
     victims is dropped too: the scheduler treats an empty victim list as an error."""
     candidates = args.victims()
-    request = _request_or_none(args)
     kept: dict[str, Any] = {}
+    try:
+        request = parse_pod_request(args.pod)
+    except PodRefused:
+        return dumps({"NodeNameToMetaVictims": kept})  # fits nowhere, whoever is evicted
     policy = pod_policy(args.pod.metadata.annotations)
     with cache.lock:
         for node, (uids, violations) in candidates.items():
@@ -105,7 +108,7 @@ def _fits_without(
     return isinstance(evaluate(trial.view(), request, cache.policy_for(node, policy)), Placement)
 
 
-def _request_or_none(args: ExtenderArgs | PreemptionArgs) -> PodRequest | None:
+def _request_or_none(args: ExtenderArgs) -> PodRequest | None:
     try:
         return parse_pod_request(args.pod)
     except PodRefused:

@@ -64,10 +64,10 @@ class KubeWatch(Iterator[WatchEvent[_T]]):
         while True:
             try:
                 raw = next(self._events)
+            except StopIteration:
+                raise  # the server ended the stream: the caller resumes from its version
             except ApiException as err:
                 raise _translate(err, "watch") from err
-            except StopIteration:
-                raise
             except Exception as err:  # the connection dropped mid-stream
                 raise ClusterError(f"watch stream failed: {err}") from err
             kind = raw.get("type")

@@ -154,3 +154,20 @@ def test_preempt_reads_full_victim_pods_when_not_node_cache_capable(crowded):
         {"UID": v["v1"].metadata.uid},
         {"UID": v["v2"].metadata.uid},
     ]
+
+
+def test_preempt_keeps_nothing_for_a_pod_that_breaks_a_rule(crowded):
+    s, v = crowded
+    body = {
+        "Pod": pod_json(pod("bad", mem=2, core=33)),
+        "NodeNameToMetaVictims": {"n": {"Pods": [{"UID": v["v1"].metadata.uid}]}},
+    }
+    assert s.post("preempt", body).json() == {"NodeNameToMetaVictims": {}}
+
+
+def test_preempt_leaves_pods_without_our_resources_to_the_scheduler(crowded):
+    s, v = crowded
+    plain = pod("web", containers=[{"name": "c", "resources": {"limits": {"cpu": "1"}}}])
+    victims = {"n": {"Pods": [{"UID": v["v1"].metadata.uid}], "NumPDBViolations": 2}}
+    body = {"Pod": pod_json(plain), "NodeNameToMetaVictims": victims}
+    assert s.post("preempt", body).json() == {"NodeNameToMetaVictims": victims}

@@ -190,3 +190,44 @@ def test_an_extender_restarted_mid_stream_rebuilds_the_same_state(cluster):
         assert allocation_of(cluster, "default", "p0") is not None
     finally:
         second.close()
+
+
+def test_an_extender_stopped_while_binds_are_in_flight_leaves_a_consistent_cluster(cluster):
+    for name in ("a", "b"):
+        cluster.add_node(node(name, "2x16GiB"))
+    rng = random.Random(5)
+    stream = [cluster.create_pod(pod(f"p{i}", mem=rng.randint(1, 4))) for i in range(120)]
+    first = Scheduler(cluster)
+    progress = threading.Semaphore(0)
+
+    def worker(share: list) -> None:
+        for p in share:
+            try:
+                first.schedule(p)
+            except Exception:  # the extender went away under us: what kube-scheduler sees
+                return
+            progress.release()
+
+    threads = [threading.Thread(target=worker, args=(stream[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for _ in range(20):
+        assert progress.acquire(timeout=30)
+    first.close()  # mid-stream, with binds in flight
+    for t in threads:
+        t.join()
+
+    second = Scheduler(cluster)
+    try:
+        rebuilt, _ = ClusterState.rebuild(cluster.list_nodes().items, cluster.list_pods().items)
+        assert second.service.cache.snapshot() == rebuilt.snapshot()
+        for p in stream:
+            if cluster.get_pod("default", p.metadata.name).spec.node_name is None:
+                second.schedule(p)
+        used = _recount(cluster)
+        assert all(mem <= 16 and count <= 20 for mem, count in used.values())
+        wait_until(lambda: not second.service.cache.assumed, what="the second to settle")
+        rebuilt, _ = ClusterState.rebuild(cluster.list_nodes().items, cluster.list_pods().items)
+        assert second.service.cache.snapshot() == rebuilt.snapshot()
+    finally:
+        second.close()

@@ -65,7 +65,7 @@ class Binder:
         self._locks_guard = threading.Lock()
 
     def bind(self, args: BindingArgs) -> str:
-        """ "" when the pod is bound to args.node, else what went wrong."""
+        """The Error kube-scheduler reads: empty when the pod is bound to args.node."""
         try:
             self._bind(args)
         except BindRefused as refused:
@@ -103,6 +103,8 @@ class Binder:
         policy = pod_policy(pod.metadata.annotations)
         with self._node_lock(args.node):
             with self._cache.lock:
+                # A reservation of ours for this very pod is stale: the pod is not bound.
+                self._cache.forget(pod.key, uid)
                 fit = self._cache.place(args.node, request, policy)
                 state = self._cache.node_state(args.node)
                 if fit.placement is None or state is None:

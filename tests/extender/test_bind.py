@@ -231,3 +231,44 @@ def test_an_extender_stopped_while_binds_are_in_flight_leaves_a_consistent_clust
         assert second.service.cache.snapshot() == rebuilt.snapshot()
     finally:
         second.close()
+
+
+class _LostAnswers(MemoryCluster):
+    """An API server that fails the first Binding without an answer and then cannot
+    be read: the extender cannot tell whether the bind happened."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outage = False
+        self.reads = 0
+
+    def bind_pod(self, *args, **kwargs) -> None:
+        if self.outage:
+            raise ClusterError("timed out waiting for the API server")
+        super().bind_pod(*args, **kwargs)
+
+    def get_pod(self, namespace: str, name: str):
+        if self.outage and name == "p":
+            self.reads += 1
+            if self.reads == 2:  # the read after the lost Binding; then the outage ends
+                self.outage = False
+                raise ClusterError("timed out waiting for the API server")
+        return super().get_pod(namespace, name)
+
+
+def test_an_unanswered_bind_keeps_its_reservation_until_the_pod_is_bound_again():
+    cluster = _LostAnswers()
+    cluster.add_node(node("n", "1x16GiB"))
+    s = Scheduler(cluster)
+    try:
+        p = s.submit(pod("p", mem=10))
+        other = s.submit(pod("other", mem=10))
+        cluster.outage = True
+        error = s.bind(p, "n")
+        assert "timed out" in error
+        assert "default/p" in s.service.cache.assumed  # it may have been bound after all
+        assert "[insufficient-gpu-memory]" in s.bind(other, "n")
+        assert s.bind(p, "n") == ""  # the scheduler retries; our own reservation is no bar
+        assert cluster.get_pod("default", "p").spec.node_name == "n"
+    finally:
+        s.close()

@@ -79,6 +79,19 @@ class Answers(NamedTuple):
         return "[" + ",".join(map(_PRIORITY, self.entries)) + "]"
 
 
+_RECENT = 2
+
+
+class _Lookup:
+    """A candidate list and its entries, with the names that changed since."""
+
+    def __init__(self, names: list[str], entries: list[_Entry]) -> None:
+        self.names = names
+        self.entries = entries
+        self.stale: set[str] = set()
+        self.positions: dict[str, list[int]] | None = None
+
+
 class FitTable:
     def __init__(self, position: int, epochs: tuple[int, ...]) -> None:
         self.position = position
@@ -87,19 +100,45 @@ class FitTable:
         """The policies' epochs the results were computed under."""
         self.results: dict[str, NodeFit] = {}
         self._entries: dict[str, _Entry] = {}
+        self._recent: list[_Lookup] = []
+        """The last candidate lists answered (filter's and prioritize's), to patch
+        rather than look up again when the scheduler sends the same list."""
 
     def forget(self, name: str) -> None:
         if self.results.pop(name, None) is not None:
             del self._entries[name]
+            for lookup in self._recent:
+                lookup.stale.add(name)
 
     def answers(self, names: list[str], evaluate: Callable[[str], NodeFit]) -> Answers:
         """Every node's entry, evaluating the nodes that have none yet."""
+        for lookup in self._recent:
+            if lookup.names == names:
+                self._refresh(lookup, evaluate)
+                # A copy: a later request patches the list while this answer is written.
+                return Answers(list(lookup.entries))
         entries = list(map(self._entries.get, names))
         if None in entries:
             for i, entry in enumerate(entries):
                 if entry is None:
                     entries[i] = self._put(names[i], evaluate(names[i]))
-        return Answers(entries)  # type: ignore[arg-type]
+        self._recent = [*self._recent[-(_RECENT - 1) :], _Lookup(names, entries)]  # type: ignore[arg-type]
+        return Answers(list(entries))  # type: ignore[arg-type]
+
+    def _refresh(self, lookup: "_Lookup", evaluate: Callable[[str], NodeFit]) -> None:
+        if not lookup.stale:
+            return
+        if lookup.positions is None:
+            lookup.positions = {}
+            for i, name in enumerate(lookup.names):
+                lookup.positions.setdefault(name, []).append(i)
+        for name in lookup.stale:
+            positions = lookup.positions.get(name)
+            if positions:
+                entry = self._entries.get(name) or self._put(name, evaluate(name))
+                for i in positions:
+                    lookup.entries[i] = entry
+        lookup.stale.clear()
 
     def _put(self, name: str, fit: NodeFit) -> _Entry:
         self.results[name] = fit

@@ -125,3 +125,23 @@ def test_a_pod_with_an_unreadable_allocation_is_left_out_and_reported():
     )
     assert used(cache) == 0
     assert "not a JSON object" in cache.pod_problems["default/p"]
+
+
+def test_a_candidate_list_asked_again_is_patched_where_nodes_changed():
+    cache = SchedulerCache()
+    cache.replace_nodes([node(f"n{i}", "1x16GiB") for i in range(4)])
+    cache.replace_pods([])
+    names = ["n0", "n1", "n2", "n3", "n1"]
+    with cache.lock:
+        first = cache.answers(request(mem=10), None, names)
+    assert first.passed_json() == '["n0","n1","n2","n3","n1"]'
+    fit = cache.place("n1", request(mem=10), None)
+    allocation = to_allocation(
+        request(mem=10), fit.placement.assignment, cache.node_state("n1").inventory, T0
+    )
+    cache.assume("default/p", "uid-p", allocation)
+    with cache.lock:
+        again = cache.answers(request(mem=10), None, list(names))
+    assert again.passed_json() == '["n0","n2","n3"]'
+    assert '"n1":' in again.failed_json(again.refused())
+    assert first.passed_json() == '["n0","n1","n2","n3","n1"]'  # an answer given stays as given

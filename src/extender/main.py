@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:  # no cluster to talk to: say so and stop
         print(f"gpushare-extender: cannot start with the {where}: {err}", file=sys.stderr)
         return 2
-    log.info("%s", config.summary())
+    log.info("%s, API server from the %s", config.summary(), where)
     service.start_watching()
     threading.Thread(target=_report_sync, args=(service,), name="sync", daemon=True).start()
     webhook = None

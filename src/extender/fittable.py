@@ -79,7 +79,7 @@ class Answers(NamedTuple):
         return "[" + ",".join(map(_PRIORITY, self.entries)) + "]"
 
 
-_RECENT = 2
+_RECENT = 4
 
 
 class _Lookup:

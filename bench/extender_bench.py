@@ -168,6 +168,29 @@ def http_client(url: str, bodies: list[tuple[bytes, str, bytes]], results: Any) 
     results.put(latencies)
 
 
+class FullCollections:
+    """Counts the garbage collector's full (generation 2) passes and their pauses."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses.append((time.perf_counter() - self._started) * 1e3)
+
+    def report(self) -> str:
+        gc.callbacks.remove(self._callback)
+        if not self.pauses:
+            return "none"
+        return f"{len(self.pauses)}, longest {max(self.pauses):.0f} ms"
+
+
 def handler_seconds(bench: Bench) -> tuple[float, int]:
     """Seconds spent in the filter and prioritize handlers and how many calls,
     from the extender's own latency histogram."""
@@ -204,10 +227,12 @@ def main() -> None:
     gc.freeze()
 
     print("filter+prioritize, nodeCacheCapable true, every node a candidate:")
+    pauses = FullCollections()
     samples = bench.stream(args.pods, bench.in_process)
     print(line("in-process, first pod of a shape", samples["cold"]))
     print(line("in-process, stream, wall clock", samples["wall"]))
     print(line("in-process, stream, thread CPU", samples["cpu"]))
+    print(f"  (full garbage collections during the stream: {pauses.report()})")
 
     server = HttpServer(bench.service.app()).start()
     pods = [bench.new_pod(bench.rng.randrange(len(SHAPES))) for _ in range(args.pods)]

@@ -201,12 +201,6 @@ class SchedulerCache:
         table = self._table(request, pod_policy)
         return table.answers(names, lambda name: self._evaluate(name, request, pod_policy))
 
-    def fit(self, request: PodRequest, pod_policy: str | None, name: str) -> NodeFit:
-        """The request's fit on one node, as filter and prioritize see it."""
-        with self.lock:
-            self.answers(request, pod_policy, [name])
-            return self._table(request, pod_policy).results[name]
-
     def place(self, name: str, request: PodRequest, pod_policy: str | None) -> NodeFit:
         """A fresh evaluation against the latest state (what bind re-checks with)."""
         return self._evaluate(name, request, pod_policy)

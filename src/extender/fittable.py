@@ -30,19 +30,11 @@ class NodeFit(NamedTuple):
     """The refusal as the user reads it ("" when the pod fits)."""
 
 
-class _Entry(NamedTuple):
-    """A node's answer as filter and prioritize send it."""
-
-    passed: str | None
-    """The node name as JSON, when the pod fits."""
-    rule: str | None
-    """The rule it breaks there, when it does not."""
-    failed: str | None
-    """`"node":"reason"` for FailedNodes (preemption may help)."""
-    unresolvable: str | None
-    """`"node":"reason"` for FailedAndUnresolvableNodes."""
-    priority: str
-    """`{"Host":"node","Score":n}`."""
+_Entry = tuple[str | None, str | None, str | None, str | None, str]
+"""A node's answer as filter and prioritize send it: the node name as JSON when
+the pod fits; the rule it breaks there when it does not; `"node":"reason"` for
+FailedNodes or for FailedAndUnresolvableNodes; `{"Host":"node","Score":n}`.
+A plain tuple of strings, which the garbage collector stops tracking."""
 
 
 _PASSED, _RULE, _FAILED, _UNRESOLVABLE, _PRIORITY = (itemgetter(i) for i in range(5))
@@ -89,7 +81,7 @@ class _Lookup:
         self.names = names
         self.entries = entries
         self.stale: set[str] = set()
-        self.positions: dict[str, list[int]] | None = None
+        self.positions: dict[str, int] | None = None
 
 
 class FitTable:
@@ -98,23 +90,20 @@ class FitTable:
         """How far into the cache's change log this table is up to date."""
         self.epochs = epochs
         """The policies' epochs the results were computed under."""
-        self.results: dict[str, NodeFit] = {}
         self._entries: dict[str, _Entry] = {}
         self._recent: list[_Lookup] = []
         """The last candidate lists answered (filter's and prioritize's), to patch
         rather than look up again when the scheduler sends the same list."""
 
     def forget(self, name: str) -> None:
-        if self.results.pop(name, None) is not None:
-            del self._entries[name]
+        if self._entries.pop(name, None) is not None:
             for lookup in self._recent:
                 lookup.stale.add(name)
 
     def answers(self, names: list[str], evaluate: Callable[[str], NodeFit]) -> Answers:
         """Every node's entry, evaluating the nodes that have none yet."""
         for lookup in self._recent:
-            if lookup.names == names:
-                self._refresh(lookup, evaluate)
+            if lookup.names == names and self._refresh(lookup, evaluate):
                 # A copy: a later request patches the list while this answer is written.
                 return Answers(list(lookup.entries))
         entries = list(map(self._entries.get, names))
@@ -122,34 +111,36 @@ class FitTable:
             for i, entry in enumerate(entries):
                 if entry is None:
                     entries[i] = self._put(names[i], evaluate(names[i]))
-        self._recent = [*self._recent[-(_RECENT - 1) :], _Lookup(names, entries)]  # type: ignore[arg-type]
+        lookup = _Lookup(names, entries)  # type: ignore[arg-type]
+        self._recent = [*self._recent, lookup][-_RECENT:]
         return Answers(list(entries))  # type: ignore[arg-type]
 
-    def _refresh(self, lookup: "_Lookup", evaluate: Callable[[str], NodeFit]) -> None:
+    def _refresh(self, lookup: _Lookup, evaluate: Callable[[str], NodeFit]) -> bool:
+        """Patches the entries of the nodes that changed; False when it cannot (the
+        list names a node twice)."""
         if not lookup.stale:
-            return
+            return True
         if lookup.positions is None:
-            lookup.positions = {}
-            for i, name in enumerate(lookup.names):
-                lookup.positions.setdefault(name, []).append(i)
+            lookup.positions = {name: i for i, name in enumerate(lookup.names)}
+        if len(lookup.positions) != len(lookup.names):
+            return False
         for name in lookup.stale:
-            positions = lookup.positions.get(name)
-            if positions:
-                entry = self._entries.get(name) or self._put(name, evaluate(name))
-                for i in positions:
-                    lookup.entries[i] = entry
+            i = lookup.positions.get(name)
+            if i is not None:
+                lookup.entries[i] = self._entries.get(name) or self._put(name, evaluate(name))
         lookup.stale.clear()
+        return True
 
     def _put(self, name: str, fit: NodeFit) -> _Entry:
-        self.results[name] = fit
         key = json.dumps(name)
         priority = f'{{"Host":{key},"Score":{fit.score}}}'
+        entry: _Entry
         if fit.refusal is None:
-            entry = _Entry(key, None, None, None, priority)
+            entry = (key, None, None, None, priority)
         else:
             reason = f"{key}:{json.dumps(fit.reason)}"
             resolvable = fit.refusal.rule.resolvable
-            entry = _Entry(
+            entry = (
                 None,
                 fit.refusal.rule.value,
                 reason if resolvable else None,

@@ -3,12 +3,12 @@
 Filter+prioritize are measured as kube-scheduler calls them with nodeCacheCapable
 true (NodeNames only; prioritize gets the nodes that passed), for a stream of new
 pods, each bound to its best node before the next so one node changes per pod.
-The in-process handler (JSON bytes in, JSON bytes out: parsing, the cache,
-encoding) is given in wall-clock and in thread-CPU time (the latter is what the
-handler costs when other processes share the CPUs); over HTTP on loopback
-(uvicorn; the client, httpx with keep-alive, in its own process as kube-scheduler
-is, binding each pod it places) in wall-clock, client encoding and decoding included. The
-first pod of a request shape evaluates every node; that cold cost is printed
+In-process, the handlers are timed from JSON bytes in to JSON bytes out (parsing,
+the cache, encoding), in wall-clock and in thread-CPU time (what the handler costs
+when other processes share the CPUs). Over HTTP on loopback, the scheduler side
+(httpx, keep-alive) runs in its own process as kube-scheduler does and binds each
+pod it places; its wall-clock includes its own encoding and decoding.
+The first pod of a request shape evaluates every node: that cold cost is printed
 apart, and the stream is measured after one warm-up pod per shape.
 Bind throughput is in-process, one thread, on the in-memory cluster, with the
 watch following every bind as it would the API server.

@@ -45,7 +45,8 @@ def validate(review: AdmissionReview) -> dict[str, Any]:
 
 def mutate(review: AdmissionReview, scheduler_name: str) -> dict[str, Any]:
     pod = _pod(review)
-    if pod is None or not requests_gpu(pod):
+    if pod is None or not requests_gpu(pod) or review.request.operation not in ("", "CREATE"):
+        # schedulerName cannot change once the pod exists: only a new pod is sent to us.
         return _answer(review, allowed=True)
     if (pod.spec.scheduler_name or DEFAULT_SCHEDULER) != DEFAULT_SCHEDULER:
         return _answer(review, allowed=True)  # the user chose a scheduler: theirs to keep
@@ -75,8 +76,10 @@ def _pod(review: AdmissionReview) -> Pod | None:
 
 
 def _name(review: AdmissionReview, pod: Pod) -> str:
-    # On CREATE a generated name is not set yet: say what the user wrote instead.
-    name = pod.metadata.name or "(generated name)"
+    name = pod.metadata.name
+    if not name:  # a workload's pod: its name is generated after admission
+        metadata = (review.request.object or {}).get("metadata") or {}
+        name = f"{metadata.get('generateName') or ''}<generated>"
     return f"{review.request.namespace or pod.metadata.namespace or 'default'}/{name}"
 
 

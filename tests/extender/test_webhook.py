@@ -157,3 +157,17 @@ def test_a_malformed_review_is_a_400_naming_the_field(webhook, body, field):
         response = client.post(path, content=body)
         assert response.status_code == 400
         assert field in response.json()["Error"]
+
+
+def test_a_workload_pod_is_named_by_its_generate_name(webhook):
+    client, _ = webhook
+    bad = pod_json(pod("x", mem=2, core=33))
+    bad["metadata"] = {"generateName": "trainer-7d9f-", "namespace": "ml"}
+    message = client.post("/validate", json=review(bad)).json()["response"]["status"]["message"]
+    assert "default/trainer-7d9f-<generated>" in message
+
+
+def test_mutate_changes_nothing_on_update(webhook):
+    client, _ = webhook
+    answer = client.post("/mutate", json=review(pod_json(pod("p", mem=2)), "UPDATE")).json()
+    assert "patch" not in answer["response"] and answer["response"]["allowed"]

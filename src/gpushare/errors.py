@@ -26,6 +26,7 @@ class Rule(StrEnum):
     MULTI_GPU_SPLIT = "multi-gpu-split"
     EXCLUSIVE_WITH_SHARED = "exclusive-with-shared"
     MIXED_JOB_TYPES = "mixed-job-types"
+    UNKNOWN_POLICY = "unknown-placement-policy"
 
     # Rules about a pod on a particular node: reported by filter and bind.
     NODE_NOT_SHARED = "node-not-gpu-shared"

@@ -1,27 +1,25 @@
 """`gpushare demo`: the example pods placed on an in-memory cluster with mock GPUs.
 
-Every pod of examples/ goes through the same rules and placement policies the
-extender uses; the invalid examples show how a pod is refused. Then the
-isolation agent runs on mock GPUs and enforces its policies (isolation/demo.py).
+Every pod of examples/ goes through the admission webhook and is placed by the
+real extender HTTP service on loopback (filter, prioritize, bind, as
+kube-scheduler calls them); the invalid examples show how a pod is refused, and
+one pod too big for any GPU shows how a pod stays Pending. Then the real device
+plugin admits the bound pods over its gRPC socket, driven by a kubelet stand-in
+(deviceplugin/demo.py), and the isolation agent runs on mock GPUs and enforces
+its policies (isolation/demo.py).
 """
 
 import argparse
-from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
 
 from deviceplugin import demo as admission
-from gpushare import annotation
+from extender.demo import LARGE_MODELS, ExtenderStage
 from gpushare.allocation import PodAllocation
 from gpushare.cluster.memory import MemoryCluster, gpu_node
-from gpushare.errors import PodRefused
 from gpushare.inventory import parse_layout
 from gpushare.manifests import pods_from_manifests
-from gpushare.objects import Pod
-from gpushare.placement import NodeChoice, choose_node, to_allocation
-from gpushare.policies import policy_for
-from gpushare.request import parse_pod_request
 from gpushare.state import ClusterState
 from gpushare_cli.table import render
 from isolation.demo import run_stage as isolation_stage
@@ -64,11 +62,14 @@ def run(args: argparse.Namespace) -> int:
     for name, mode, layout, _ in DEMO_NODES:
         print(f"  {name}  ack.node.gpu.schedule={mode:<9} GPUs {layout}")
     print()
-    for path in sorted(examples.rglob("*.yaml")):
-        documents = list(yaml.safe_load_all(path.read_text()))
-        for pod in pods_from_manifests(documents):
-            created = cluster.create_pod(pod)
-            print(f"{path.relative_to(examples)}: {schedule(cluster, created)}")
+    with ExtenderStage(cluster) as stage:
+        print(f"Scheduling through the {stage.describe()}:")
+        for path in sorted(examples.rglob("*.yaml")):
+            documents = list(yaml.safe_load_all(path.read_text()))
+            for pod in pods_from_manifests(documents):
+                print(f"{path.relative_to(examples)}: {stage.submit(pod)}")
+        for pod in LARGE_MODELS:
+            print(f"(48 GiB model): {stage.submit(pod)}")
     print()
     print(gpu_table(cluster))
     print()
@@ -77,35 +78,6 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(isolation_stage())
     return 0
-
-
-def schedule(cluster: MemoryCluster, pod: Pod) -> str:
-    """Place one pod as the scheduler and extender would, and say what happened."""
-    try:
-        request = parse_pod_request(pod)
-    except PodRefused as refused:
-        cluster.delete_pod(pod.metadata.namespace, pod.metadata.name)
-        return f"{pod.key} refused: {refused}"
-    if request is None:
-        return f"{pod.key} asks for no shared GPU; left to the default scheduler"
-    state, _ = ClusterState.rebuild(cluster.list_nodes().items, cluster.list_pods().items)
-    views = [state.nodes[name].view() for name in sorted(state.nodes)]
-    choice = choose_node(views, request, lambda view: policy_for(view.placement))
-    if not isinstance(choice, NodeChoice):
-        return f"{pod.key} stays Pending: " + "; ".join(
-            f"{node}: {reason}" for node, reason in choice.items()
-        )
-    inventory = state.nodes[choice.node].inventory
-    allocation = to_allocation(request, choice.placement.assignment, inventory, datetime.now(UTC))
-    cluster.bind_pod(
-        pod.metadata.namespace,
-        pod.metadata.name,
-        choice.node,
-        uid=pod.metadata.uid,
-        annotations=annotation.encode(allocation),
-    )
-    gpus = ",".join(str(i) for i in allocation.gpu_indices)
-    return f"{pod.key} -> {choice.node} GPU {gpus} ({request.describe()})"
 
 
 def gpu_table(cluster: MemoryCluster) -> str:

@@ -1,0 +1,261 @@
+"""Extender speed on a 5,000-node cluster: filter+prioritize latency and bind throughput.
+
+Filter+prioritize are measured as kube-scheduler calls them with nodeCacheCapable
+true (NodeNames only; prioritize gets the nodes that passed), for a stream of new
+pods, each bound to its best node before the next so one node changes per pod.
+In-process, the handlers are timed from JSON bytes in to JSON bytes out (parsing,
+the cache, encoding), in wall-clock and in thread-CPU time (what the handler costs
+when other processes share the CPUs). Over HTTP on loopback, the scheduler side
+(httpx, keep-alive) runs in its own process as kube-scheduler does and binds each
+pod it places; its wall-clock includes its own encoding and decoding.
+The first pod of a request shape evaluates every node: that cold cost is printed
+apart, and the stream is measured after one warm-up pod per shape.
+Bind throughput is in-process, one thread, on the in-memory cluster, with the
+watch following every bind as it would the API server.
+Run: .venv/bin/python bench/extender_bench.py [--nodes 5000]
+"""
+
+import argparse
+import gc
+import json
+import multiprocessing
+import os
+import random
+import statistics
+import time
+from typing import Any
+
+import httpx
+
+from extender.server import HttpServer
+from extender.service import ExtenderConfig, ExtenderService
+from gpushare.cluster.memory import MemoryCluster, gpu_node
+from gpushare.inventory import parse_layout
+from gpushare.objects import Pod
+
+LAYOUTS = [("cgpu", "4x16GiB"), ("cgpu", "8x24GiB"), ("core_mem", "2x16GiB"), ("share", "1x80GiB")]
+SHAPES: list[tuple[dict[str, str], dict[str, str]]] = [
+    ({"aliyun.com/gpu-mem": "2"}, {}),
+    ({"aliyun.com/gpu-mem": "4"}, {}),
+    ({"aliyun.com/gpu-mem": "8"}, {"aliyun.com/gpu-count": "2"}),
+    ({"aliyun.com/gpu-mem": "3", "aliyun.com/gpu-core.percentage": "30"}, {}),
+    ({"aliyun.com/gpu-count": "1"}, {}),
+]
+
+
+def make_pod(name: str, shape: int) -> Pod:
+    limits, labels = SHAPES[shape]
+    return Pod.model_validate(
+        {
+            "metadata": {"name": name, "namespace": "bench", "labels": labels},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
+        }
+    )
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+def line(label: str, samples_ms: list[float]) -> str:
+    return (
+        f"  {label:<38} p50 {statistics.median(samples_ms):7.2f} ms"
+        f"   p99 {percentile(samples_ms, 0.99):7.2f} ms   (n={len(samples_ms)})"
+    )
+
+
+class Bench:
+    def __init__(self, nodes: int, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.cluster = MemoryCluster()
+        for i in range(nodes):
+            mode, layout = LAYOUTS[i % len(LAYOUTS)]
+            name = f"node-{i:05d}"
+            self.cluster.add_node(gpu_node(name, parse_layout(layout, name), mode=mode))
+        self.names = sorted(n.name for n in self.cluster.list_nodes().items)
+        self.service = ExtenderService(self.cluster, ExtenderConfig()).start_watching()
+        assert self.service.wait_synced(120)
+        self.extender = self.service.extender
+        self.count = 0
+
+    def new_pod(self, shape: int) -> Pod:
+        self.count += 1
+        return self.cluster.create_pod(make_pod(f"p{self.count}", shape))
+
+    def bind_body(self, pod: Pod, node: str) -> bytes:
+        meta = pod.metadata
+        return json.dumps(
+            {"PodName": meta.name, "PodNamespace": meta.namespace, "PodUID": meta.uid, "Node": node}
+        ).encode()
+
+    def args(self, pod: Pod, names: list[str]) -> bytes:
+        return json.dumps(
+            {"Pod": {**pod.to_manifest(), "status": {}}, "Nodes": None, "NodeNames": names}
+        ).encode()
+
+    def binds(self, count: int) -> float:
+        pods = [self.new_pod(self.rng.randrange(3)) for _ in range(count)]
+        bodies = [self.bind_body(p, self.names[i % len(self.names)]) for i, p in enumerate(pods)]
+        started = time.perf_counter()
+        errors = sum(1 for body in bodies if json.loads(self.extender.bind(body))["Error"])
+        elapsed = time.perf_counter() - started
+        assert errors < count // 10, f"{errors} binds refused"
+        return count / elapsed
+
+    def in_process(self, pod: Pod) -> tuple[float, float, str | None]:
+        """Wall and thread-CPU milliseconds spent in the two handlers (building the
+        scheduler's bodies and reading the answers is not counted)."""
+        body = self.args(pod, self.names)
+        wall, cpu = time.perf_counter(), time.thread_time()
+        answer = self.extender.filter(body)
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+        passed = json.loads(answer)["NodeNames"]
+        scores: list[dict[str, Any]] = []
+        if len(passed) > 1:
+            body = self.args(pod, passed)
+            wall2, cpu2 = time.perf_counter(), time.thread_time()
+            answer = self.extender.prioritize(body)
+            wall += time.perf_counter() - wall2
+            cpu += time.thread_time() - cpu2
+            scores = json.loads(answer)
+        return wall * 1e3, cpu * 1e3, best(passed, scores)
+
+    def stream(self, pods: int, measure: Any) -> dict[str, list[float]]:
+        """Latencies of the first pod of each shape (cold) and of the stream after it,
+        binding every pod placed so that one node changes per pod."""
+        samples: dict[str, list[float]] = {"cold": [], "wall": [], "cpu": []}
+        for i in range(pods + len(SHAPES)):
+            shape = i if i < len(SHAPES) else self.rng.randrange(len(SHAPES))
+            pod = self.new_pod(shape)
+            wall, cpu, node = measure(pod)
+            if i < len(SHAPES):
+                samples["cold"].append(wall)
+            else:
+                samples["wall"].append(wall)
+                samples["cpu"].append(cpu)
+            if node is not None:
+                self.extender.bind(self.bind_body(pod, node))
+        return samples
+
+
+def best(passed: list[str], scores: list[dict[str, Any]]) -> str | None:
+    if not passed:
+        return None
+    by_host = {s["Host"]: s["Score"] for s in scores}
+    return min(passed, key=lambda n: (-by_host.get(n, 0), n))
+
+
+def http_client(url: str, bodies: list[tuple[bytes, str, bytes]], results: Any) -> None:
+    """kube-scheduler's side, in its own process as on a real cluster: for each pod,
+    filter, prioritize (when several nodes pass), then bind the best node."""
+    headers = {"Content-Type": "application/json"}
+    latencies = []
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for args, manifest_json, bind_prefix in bodies:
+            started = time.perf_counter()
+            passed = http.post("/filter", content=args, headers=headers).json()["NodeNames"]
+            scores: list[dict[str, Any]] = []
+            if len(passed) > 1:
+                body = f'{{"Pod":{manifest_json},"Nodes":null,"NodeNames":{json.dumps(passed)}}}'
+                scores = http.post("/prioritize", content=body, headers=headers).json()
+            latencies.append((time.perf_counter() - started) * 1e3)
+            node = best(passed, scores)
+            if node is not None:
+                http.post(
+                    "/bind", content=bind_prefix + json.dumps(node).encode() + b"}", headers=headers
+                )
+    results.put(latencies)
+
+
+class FullCollections:
+    """Counts the garbage collector's full (generation 2) passes and their pauses."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses.append((time.perf_counter() - self._started) * 1e3)
+
+    def report(self) -> str:
+        gc.callbacks.remove(self._callback)
+        if not self.pauses:
+            return "none"
+        return f"{len(self.pauses)}, longest {max(self.pauses):.0f} ms"
+
+
+def handler_seconds(bench: Bench) -> tuple[float, int]:
+    """Seconds spent in the filter and prioritize handlers and how many calls,
+    from the extender's own latency histogram."""
+    total, calls = 0.0, 0
+    for metric in bench.service.metrics.registry.collect():
+        for sample in metric.samples:
+            if sample.labels.get("verb") in ("filter", "prioritize"):
+                if sample.name.endswith("_sum"):
+                    total += sample.value
+                elif sample.name.endswith("_count"):
+                    calls += int(sample.value)
+    return total, calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--pods", type=int, default=400, help="pods in each measured stream")
+    parser.add_argument("--binds", type=int, default=5000)
+    args = parser.parse_args()
+    load = os.getloadavg()[0]
+    print(f"machine: {os.cpu_count()} CPUs, load average {load:.1f} at start")
+    started = time.perf_counter()
+    bench = Bench(args.nodes, seed=1)
+    gc.freeze()  # what gpushare-extender does once synced
+    print(f"{args.nodes} nodes synced in {time.perf_counter() - started:.1f} s")
+
+    rate = bench.binds(args.binds)
+    print(f"bind, in-process, 1 thread: {rate:,.0f} pods/s ({args.binds} binds)")
+    # As if the extender had started on a cluster already holding these pods. The
+    # in-memory API server lives in this process too, so its objects would otherwise
+    # make every full collection of the garbage collector much longer than in a real
+    # extender, whose API server is elsewhere.
+    gc.freeze()
+
+    print("filter+prioritize, nodeCacheCapable true, every node a candidate:")
+    pauses = FullCollections()
+    samples = bench.stream(args.pods, bench.in_process)
+    print(line("in-process, first pod of a shape", samples["cold"]))
+    print(line("in-process, stream, wall clock", samples["wall"]))
+    print(line("in-process, stream, thread CPU", samples["cpu"]))
+    print(f"  (full garbage collections during the stream: {pauses.report()})")
+
+    server = HttpServer(bench.service.app()).start()
+    pods = [bench.new_pod(bench.rng.randrange(len(SHAPES))) for _ in range(args.pods)]
+    bodies = []
+    for pod in pods:
+        manifest = json.dumps({**pod.to_manifest(), "status": {}})
+        bind = bench.bind_body(pod, "").decode()
+        bodies.append((bench.args(pod, bench.names), manifest, bind[: bind.rindex('""')].encode()))
+    before = handler_seconds(bench)
+    results: Any = multiprocessing.Queue()
+    url = server.url + bench.service.config.url_prefix
+    client = multiprocessing.Process(target=http_client, args=(url, bodies, results))
+    client.start()
+    latencies = results.get()
+    client.join()
+    server.stop()
+    print(line("HTTP loopback, stream, wall clock", latencies))
+    (total, calls), (total_before, calls_before) = handler_seconds(bench), before
+    mean = (total - total_before) / max(calls - calls_before, 1) * 1e3
+    print(f"  (server side, per filter or prioritize request: {mean:.2f} ms mean in the handler)")
+    bench.service.stop_watching()
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""The HTTP faces of the extender: the scheduler-extender API with its operational
+endpoints, and the admission webhook (served on its own TLS port).
+
+Bodies are read and checked by hand (`wire.parse`) rather than by FastAPI's
+request models, so that a bad body is a 400 naming the field in the answer
+shape kube-scheduler reads (`{"Error": ...}`), never a 422 or a 500, and so a
+5,000-node answer is encoded once with json instead of through a model dump.
+"""
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
+
+from extender import verbs, webhook
+from extender.binder import Binder
+from extender.cache import SchedulerCache
+from extender.inspect import cluster_report, node_report
+from extender.metrics import ExtenderMetrics
+from extender.version import VERSION
+from extender.wire import (
+    AdmissionReview,
+    BindingArgs,
+    ExtenderArgs,
+    PreemptionArgs,
+    WireError,
+    dumps,
+    parse,
+)
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+
+
+class Extender:
+    """What the HTTP layer serves: the cache, the binder and the metrics."""
+
+    def __init__(
+        self,
+        cache: SchedulerCache,
+        binder: Binder,
+        metrics: ExtenderMetrics,
+        scheduler_name: str,
+        describe: str = "",
+    ) -> None:
+        self.cache = cache
+        self.binder = binder
+        self.metrics = metrics
+        self.scheduler_name = scheduler_name
+        self.describe = describe
+
+    # The verbs, bytes in and bytes out, so the benchmark times exactly what HTTP serves.
+
+    def filter(self, body: bytes) -> bytes:
+        return verbs.filter_nodes(self.cache, self.metrics, parse(ExtenderArgs, body))
+
+    def prioritize(self, body: bytes) -> bytes:
+        return verbs.prioritize_nodes(self.cache, parse(ExtenderArgs, body))
+
+    def bind(self, body: bytes) -> bytes:
+        return dumps({"Error": self.binder.bind(parse(BindingArgs, body))})
+
+    def preempt(self, body: bytes) -> bytes:
+        return verbs.preempt_nodes(self.cache, parse(PreemptionArgs, body))
+
+    def validate(self, body: bytes) -> bytes:
+        answer = webhook.validate(parse(AdmissionReview, body))
+        allowed = str(answer["response"]["allowed"]).lower()
+        self.metrics.admission.labels("validate", allowed).inc()
+        return dumps(answer)
+
+    def mutate(self, body: bytes) -> bytes:
+        answer = webhook.mutate(parse(AdmissionReview, body), self.scheduler_name)
+        self.metrics.admission.labels("mutate", "true").inc()
+        return dumps(answer)
+
+
+def extender_app(extender: Extender, url_prefix: str) -> FastAPI:
+    app = FastAPI(
+        title="gpushare scheduler extender",
+        version=VERSION,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
+    verbs_ = {
+        "filter": extender.filter,
+        "prioritize": extender.prioritize,
+        "bind": extender.bind,
+        "preempt": extender.preempt,
+    }
+    for verb, handler in verbs_.items():
+        app.add_api_route(
+            f"{prefix}/{verb}",
+            _endpoint(verb, handler, extender.metrics, inline=verb != "bind"),
+            methods=["POST"],
+            name=verb,
+        )
+    cache = extender.cache
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        if cache.synced:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse(
+            {"status": "waiting for the first full list of nodes and pods"}, status_code=503
+        )
+
+    @app.get("/version")
+    def version() -> dict[str, Any]:
+        return {"version": VERSION, "configuration": extender.describe}
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(extender.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/inspect")
+    def inspect_all() -> dict[str, Any]:
+        return cluster_report(cache)
+
+    @app.get("/inspect/{node}")
+    def inspect_node(node: str) -> Response:
+        report = node_report(cache, node)
+        if report is None:
+            return JSONResponse({"error": f"node {node} is not known to the extender"}, 404)
+        return JSONResponse(report)
+
+    return app
+
+
+def webhook_app(extender: Extender) -> FastAPI:
+    app = FastAPI(
+        title="gpushare admission webhook",
+        version=VERSION,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.add_api_route(
+        "/validate", _endpoint("validate", extender.validate, extender.metrics), methods=["POST"]
+    )
+    app.add_api_route(
+        "/mutate", _endpoint("mutate", extender.mutate, extender.metrics), methods=["POST"]
+    )
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+def _endpoint(
+    verb: str, handler: Callable[[bytes], bytes], metrics: ExtenderMetrics, inline: bool = False
+) -> Callable[[Request], Any]:
+    """An endpoint that times the handler and turns a bad body into a 400 naming the field.
+
+    `inline` handlers run on the event loop: filter, prioritize and preempt only
+    compute (a few milliseconds at most), so a hop to the thread pool would cost
+    more than it saves. Bind waits on the API server and runs in the pool.
+    """
+    latency = metrics.latency.labels(verb)
+
+    async def endpoint(request: Request) -> Response:
+        body = await request.body()
+        started = time.perf_counter()
+        try:
+            answer = handler(body) if inline else await run_in_threadpool(handler, body)
+        except WireError as err:
+            log.info("%s: bad request: %s", verb, err)
+            return Response(dumps({"Error": f"{verb}: {err}"}), 400, media_type=JSON)
+        finally:
+            latency.observe(time.perf_counter() - started)
+        return Response(answer, media_type=JSON)
+
+    endpoint.__name__ = f"{verb}_endpoint"
+    return endpoint

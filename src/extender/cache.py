@@ -1,0 +1,362 @@
+"""The extender's picture of the cluster: the API's pods and nodes, plus its own
+binds the watch has not shown yet ("assumed" pods, as kube-scheduler calls them).
+
+It is the sink of the node and pod watch caches, so it is rebuilt from
+annotations alone after every listing, and it never holds the only copy of
+anything: an assumed allocation is also on its way to the API inside the
+Binding. Everything here runs under one lock; scheduling decisions read the
+state and reserve in the same critical section, so concurrent binds cannot both
+take the last slice of a GPU.
+"""
+
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from extender.fittable import Answers, FitTable, NodeFit
+from extender.policychoice import node_policy
+from gpushare import annotation
+from gpushare.allocation import PodAllocation
+from gpushare.cluster import EventType
+from gpushare.errors import AnnotationError, Refusal, Rule
+from gpushare.inventory import node_gpus
+from gpushare.labels import PlacementMode
+from gpushare.objects import Node, Pod
+from gpushare.placement import PlacementPolicy, evaluate, extender_score
+from gpushare.policies import POLICIES
+from gpushare.request import PodRequest, requests_gpu
+from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU
+from gpushare.state import ClusterState, NodeState, Snapshot
+
+log = logging.getLogger(__name__)
+
+ASSUME_TTL_S = 300.0
+"""How long an assumed bind may wait for the watch before it is dropped, if by
+then the API shows the pod gone or still unbound."""
+
+_FIT_TABLES = 64
+"""Request shapes whose per-node results are kept (most recently used first)."""
+_LOG_LIMIT = 50_000
+_OBSERVED_LIMIT = 100_000
+_EXPIRY_EVERY_S = 5.0
+
+
+@dataclass(slots=True)
+class _PodRecord:
+    uid: str
+    node: str | None
+    allocation: PodAllocation | None
+
+
+@dataclass(slots=True)
+class _Assumed:
+    uid: str
+    allocation: PodAllocation
+    since: float
+
+
+def interesting(pod: Pod) -> bool:
+    """Pods the extender keeps: those asking for our resources or carrying an allocation."""
+    annotations = pod.metadata.annotations
+    return requests_gpu(pod) or any(key in annotations for key in annotation.ALL_KEYS)
+
+
+class SchedulerCache:
+    def __init__(
+        self,
+        default_policy: str = "binpack",
+        max_pods_per_gpu: int = DEFAULT_MAX_PODS_PER_GPU,
+        assume_ttl_s: float = ASSUME_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.lock = threading.RLock()
+        self.default_policy = default_policy
+        self.max_pods_per_gpu = max_pods_per_gpu
+        self.assume_ttl_s = assume_ttl_s
+        self._clock = clock
+        self._placement_default = (
+            PlacementMode(default_policy)
+            if default_policy in PlacementMode.__members__.values()
+            else PlacementMode.BINPACK
+        )
+        self.state = ClusterState()
+        self.nodes: dict[str, Node] = {}
+        self.node_policies: dict[str, str] = {}
+        self.node_problems: dict[str, str] = {}
+        self.pods: dict[str, _PodRecord] = {}
+        self.pod_problems: dict[str, str] = {}
+        self.assumed: dict[str, _Assumed] = {}
+        self._policy_use: Counter[str] = Counter()
+        self._tables: OrderedDict[tuple[Any, ...], FitTable] = OrderedDict()
+        self._log: list[str] = []
+        self._observed: OrderedDict[str, None] = OrderedDict()
+        self._next_expiry = 0.0
+        self.nodes_synced = False
+        self.pods_synced = False
+
+    @property
+    def synced(self) -> bool:
+        return self.nodes_synced and self.pods_synced
+
+    # ----- sinks of the watch caches
+
+    def node_sink(self) -> "_Sink":
+        return _Sink(self.replace_nodes, self.apply_node)
+
+    def pod_sink(self) -> "_Sink":
+        return _Sink(self.replace_pods, self.apply_pod)
+
+    def replace_nodes(self, nodes: list[Node]) -> None:
+        with self.lock:
+            self.nodes = {node.name: node for node in nodes}
+            self.nodes_synced = True
+            self._rebuild()
+
+    def replace_pods(self, pods: list[Pod]) -> None:
+        with self.lock:
+            self.pods = {}
+            self.pod_problems = {}
+            for pod in pods:
+                if not pod.is_terminated:
+                    self.pods[pod.key] = self._record(pod)
+            self.pods_synced = True
+            self._rebuild()
+
+    def apply_node(self, event_type: EventType, node: Node) -> None:
+        with self.lock:
+            if event_type is EventType.DELETED:
+                self.nodes.pop(node.name, None)
+                self._drop_node(node.name)
+            else:
+                self.nodes[node.name] = node
+                if not self._put_node(node):
+                    return  # a status update that changes nothing placement reads
+            self._changed(node.name)
+
+    def apply_pod(self, event_type: EventType, pod: Pod) -> None:
+        with self.lock:
+            key = pod.key
+            if event_type is EventType.DELETED or pod.is_terminated:
+                self.pods.pop(key, None)
+                self.pod_problems.pop(key, None)
+                self.assumed.pop(key, None)
+                self._set_allocation(key, None)
+                return
+            record = self.pods[key] = self._record(pod)
+            assumed = self.assumed.get(key)
+            if assumed is not None:
+                if assumed.uid == record.uid and record.allocation is None and not record.node:
+                    # An event from before our bind: the Binding is still on its way.
+                    return
+                del self.assumed[key]
+            self._set_allocation(key, record.allocation)
+
+    # ----- binds in flight
+
+    def assume(self, pod_key: str, uid: str, allocation: PodAllocation) -> None:
+        with self.lock:
+            self.assumed[pod_key] = _Assumed(uid, allocation, self._clock())
+            self._set_allocation(pod_key, allocation)
+
+    def forget(self, pod_key: str, uid: str) -> None:
+        """Undo assume(): the bind failed, the API's view of the pod stands."""
+        with self.lock:
+            assumed = self.assumed.get(pod_key)
+            if assumed is None or assumed.uid != uid:
+                return
+            del self.assumed[pod_key]
+            record = self.pods.get(pod_key)
+            self._set_allocation(pod_key, record.allocation if record else None)
+
+    def expire(self) -> list[str]:
+        """Drops assumptions older than the TTL whose pod the API shows gone or unbound."""
+        with self.lock:
+            now = self._clock()
+            if now < self._next_expiry:
+                return []
+            self._next_expiry = now + min(_EXPIRY_EVERY_S, self.assume_ttl_s)
+            dropped = []
+            for key, assumed in list(self.assumed.items()):
+                if now - assumed.since < self.assume_ttl_s:
+                    continue
+                record = self.pods.get(key)
+                if record is None or (record.allocation is None and not record.node):
+                    del self.assumed[key]
+                    self._set_allocation(key, record.allocation if record else None)
+                    dropped.append(key)
+            for key in dropped:
+                log.warning("dropped the assumed bind of %s: the watch never showed it", key)
+            return dropped
+
+    # ----- what filter, prioritize, bind and preempt read (call with the lock held)
+
+    def answers(self, request: PodRequest, pod_policy: str | None, names: list[str]) -> Answers:
+        """The request's answer on each node, against the current state (nodes that
+        did not change since an earlier request of the same shape are not evaluated
+        again)."""
+        table = self._table(request, pod_policy)
+        return table.answers(names, lambda name: self._evaluate(name, request, pod_policy))
+
+    def place(self, name: str, request: PodRequest, pod_policy: str | None) -> NodeFit:
+        """A fresh evaluation against the latest state (what bind re-checks with)."""
+        return self._evaluate(name, request, pod_policy)
+
+    def policy_for(self, node: str, pod_policy: str | None) -> PlacementPolicy:
+        return POLICIES[pod_policy or self.node_policies.get(node, self.default_policy)]
+
+    def observe(self, uid: str, request: PodRequest, pod_policy: str | None) -> None:
+        """policy.observe(request), once per pod, for each policy that may place it."""
+        if uid in self._observed:
+            return
+        self._observed[uid] = None
+        if len(self._observed) > _OBSERVED_LIMIT:
+            self._observed.popitem(last=False)
+        names = [pod_policy] if pod_policy else sorted({self.default_policy, *self._policy_use})
+        for name in names:
+            POLICIES[name].observe(request)
+
+    def node_state(self, name: str) -> NodeState | None:
+        return self.state.nodes.get(name)
+
+    def pod_uid(self, pod_key: str) -> str:
+        record = self.pods.get(pod_key) or self.assumed.get(pod_key)
+        return record.uid if record else ""
+
+    def snapshot(self) -> Snapshot:
+        with self.lock:
+            return self.state.snapshot()
+
+    # ----- internals
+
+    def _record(self, pod: Pod) -> _PodRecord:
+        try:
+            allocation = annotation.decode(pod)
+            self.pod_problems.pop(pod.key, None)
+        except AnnotationError as err:
+            # Left out, never guessed at; shown in /inspect and the log.
+            allocation = None
+            if self.pod_problems.get(pod.key) != str(err):
+                log.warning("pod %s: %s", pod.key, err)
+            self.pod_problems[pod.key] = str(err)
+        return _PodRecord(pod.metadata.uid, pod.spec.node_name, allocation)
+
+    def _rebuild(self) -> None:
+        self.state = ClusterState()
+        self.node_policies = {}
+        self.node_problems = {}
+        self._policy_use = Counter()
+        for node in self.nodes.values():
+            self._put_node(node)
+        for key, record in self.pods.items():
+            if record.allocation is not None:
+                self.state.add_pod(key, record.allocation)
+        for key, assumed in list(self.assumed.items()):
+            record = self.pods.get(key)
+            if record is not None and (record.allocation is not None or record.node):
+                del self.assumed[key]  # the listing already shows what came of it
+            else:
+                self.state.add_pod(key, assumed.allocation)
+        self._tables.clear()
+        self._log.clear()
+
+    def _put_node(self, node: Node) -> bool:
+        """Takes the node's labels and GPUs; False when nothing placement reads changed."""
+        name = node.name
+        policy = node_policy(node.metadata.labels, self.default_policy)
+        try:
+            inventory = node_gpus(node, self._placement_default, self.max_pods_per_gpu)
+            problem = None
+        except AnnotationError as err:
+            inventory, problem = None, str(err)
+        current = self.state.nodes.get(name)
+        if (
+            self.node_policies.get(name) == policy
+            and self.node_problems.get(name) == problem
+            and (current.inventory if current else None) == inventory
+        ):
+            return False
+        self._drop_node(name, keep_pods=True)
+        self.node_policies[name] = policy
+        self._policy_use[policy] += 1
+        if inventory is None:
+            log.warning("node %s: %s", name, problem)
+            self.node_problems[name] = problem or ""
+            self.state.remove_node(name)
+        else:
+            self.state.set_node(inventory)
+        return True
+
+    def _drop_node(self, name: str, keep_pods: bool = False) -> None:
+        policy = self.node_policies.pop(name, None)
+        if policy is not None:
+            self._policy_use[policy] -= 1
+            if not self._policy_use[policy]:
+                del self._policy_use[policy]
+        self.node_problems.pop(name, None)
+        if not keep_pods:
+            self.state.remove_node(name)
+
+    def _set_allocation(self, pod_key: str, allocation: PodAllocation | None) -> None:
+        old = self.state.allocation(pod_key)
+        if old == allocation:
+            return
+        if allocation is None:
+            self.state.remove_pod(pod_key)
+        else:
+            self.state.add_pod(pod_key, allocation)
+        for node in {a.node for a in (old, allocation) if a is not None}:
+            self._changed(node)
+
+    def _changed(self, node: str) -> None:
+        self._log.append(node)
+        if len(self._log) > _LOG_LIMIT:
+            for table in self._tables.values():
+                self._catch_up(table)
+                table.position = 0
+            self._log.clear()
+
+    def _catch_up(self, table: FitTable) -> None:
+        for name in self._log[table.position :]:
+            table.forget(name)
+        table.position = len(self._log)
+
+    def _table(self, request: PodRequest, pod_policy: str | None) -> FitTable:
+        key = (pod_policy, request.shape)
+        epochs = tuple(policy.epoch for policy in POLICIES.values())
+        table = self._tables.get(key)
+        if table is None or table.epochs != epochs:
+            table = self._tables[key] = FitTable(len(self._log), epochs)
+            if len(self._tables) > _FIT_TABLES:
+                self._tables.popitem(last=False)
+        else:
+            self._tables.move_to_end(key)
+            self._catch_up(table)
+        return table
+
+    def _evaluate(self, name: str, request: PodRequest, pod_policy: str | None) -> NodeFit:
+        state = self.state.nodes.get(name)
+        if state is None:
+            problem = self.node_problems.get(name)
+            message = (
+                f"node {name}: {problem}; fix the gpushare device plugin there"
+                if problem
+                else f"node {name} is not known to the gpushare extender (yet)"
+            )
+            refusal = Refusal(Rule.NODE_UNKNOWN, message)
+            return NodeFit(None, refusal, 0, str(refusal))
+        result = evaluate(state.view(), request, self.policy_for(name, pod_policy))
+        if isinstance(result, Refusal):
+            return NodeFit(None, result, 0, str(result))
+        return NodeFit(result, None, extender_score(result.score), "")
+
+
+@dataclass(frozen=True, slots=True)
+class _Sink:
+    """Adapts SchedulerCache to kubecluster.CacheSink for one kind."""
+
+    replace: Callable[[list[Any]], None]
+    apply: Callable[[EventType, Any], None]

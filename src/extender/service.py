@@ -1,0 +1,93 @@
+"""One extender, assembled: its configuration, the cache fed by two watches, the
+binder, the metrics and the two HTTP apps, over any gpushare.cluster.Cluster."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from extender.app import Extender, extender_app, webhook_app
+from extender.binder import Binder
+from extender.cache import SchedulerCache, interesting
+from extender.metrics import ExtenderMetrics
+from extender.policychoice import validate_default
+from extender.version import VERSION
+from gpushare.cluster import Cluster
+from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
+from kubecluster.watchcache import WatchCache
+
+
+@dataclass(frozen=True)
+class ExtenderConfig:
+    host: str = "0.0.0.0"
+    port: int = 39999
+    url_prefix: str = "/gpushare-scheduler"
+    webhook_port: int = 9443
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    scheduler_name: str = SCHEDULER_NAME
+    default_placement: str = "binpack"
+    max_pods_per_gpu: int = DEFAULT_MAX_PODS_PER_GPU
+
+    @property
+    def webhook_enabled(self) -> bool:
+        return self.tls_cert_file is not None and self.tls_key_file is not None
+
+    def summary(self) -> str:
+        webhook = (
+            f"https://{self.host}:{self.webhook_port}/validate|mutate"
+            if self.webhook_enabled
+            else "webhook off (no --tls-cert-file/--tls-key-file)"
+        )
+        return (
+            f"gpushare-extender {VERSION}: http://{self.host}:{self.port}"
+            f"{self.url_prefix}/filter|prioritize|bind|preempt, {webhook}, "
+            f"scheduler {self.scheduler_name}, default placement {self.default_placement}, "
+            f"max {self.max_pods_per_gpu} pods per GPU"
+        )
+
+
+class ExtenderService:
+    def __init__(self, cluster: Cluster, config: ExtenderConfig) -> None:
+        if config.max_pods_per_gpu < 1:
+            raise ValueError(
+                f"--max-pods-per-gpu must be at least 1, got {config.max_pods_per_gpu}"
+            )
+        self.config = config
+        self.cluster = cluster
+        self.cache = SchedulerCache(
+            validate_default(config.default_placement), config.max_pods_per_gpu
+        )
+        self.metrics = ExtenderMetrics(self.cache)
+        self.binder = Binder(cluster, self.cache, self.metrics)
+        self.extender = Extender(
+            self.cache, self.binder, self.metrics, config.scheduler_name, config.summary()
+        )
+        self.node_watch = WatchCache(
+            "nodes", cluster.list_nodes, cluster.watch_nodes, self.cache.node_sink()
+        )
+        self.pod_watch = WatchCache(
+            "pods",
+            cluster.list_pods,
+            cluster.watch_pods,
+            self.cache.pod_sink(),
+            keep=interesting,
+        )
+
+    def start_watching(self) -> "ExtenderService":
+        self.node_watch.start()
+        self.pod_watch.start()
+        return self
+
+    def wait_synced(self, timeout: float | None = 30.0) -> bool:
+        return self.node_watch.synced.wait(timeout) and self.pod_watch.synced.wait(timeout)
+
+    def stop_watching(self) -> None:
+        self.node_watch.stop()
+        self.pod_watch.stop()
+
+    def app(self) -> FastAPI:
+        return extender_app(self.extender, self.config.url_prefix)
+
+    def webhook_app(self) -> FastAPI:
+        return webhook_app(self.extender)

@@ -1,0 +1,28 @@
+from collections.abc import Iterator
+
+import pytest
+
+from gpushare.cluster.memory import MemoryCluster
+from tests.extender.harness import Scheduler
+
+
+@pytest.fixture
+def cluster() -> MemoryCluster:
+    return MemoryCluster()
+
+
+@pytest.fixture
+def scheduler_for(cluster: MemoryCluster) -> Iterator:
+    """Starts an extender over `cluster` once the test has set up its nodes."""
+    started: list[Scheduler] = []
+
+    def start(**config) -> Scheduler:
+        from extender.service import ExtenderConfig
+
+        scheduler = Scheduler(cluster, ExtenderConfig(**config))
+        started.append(scheduler)
+        return scheduler
+
+    yield start
+    for scheduler in started:
+        scheduler.close()

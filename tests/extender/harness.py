@@ -1,0 +1,102 @@
+"""The extender as kube-scheduler meets it: the real HTTP server on loopback over a
+MemoryCluster, spoken to with the JSON of the extender API (K8S-INTERFACES C.3)."""
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import httpx
+
+from extender.server import HttpServer
+from extender.service import ExtenderConfig, ExtenderService
+from gpushare import annotation
+from gpushare.allocation import PodAllocation
+from gpushare.cluster.memory import MemoryCluster
+from gpushare.objects import Pod
+
+PREFIX = "/gpushare-scheduler"
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or condition}")
+        time.sleep(0.005)
+
+
+def pod_json(pod: Pod) -> dict[str, Any]:
+    """A v1.Pod as the scheduler sends it: camelCase, status present."""
+    manifest = pod.to_manifest()
+    manifest.setdefault("status", {})
+    return manifest
+
+
+class Scheduler:
+    """Speaks to one running extender the way kube-scheduler does."""
+
+    def __init__(self, cluster: MemoryCluster, config: ExtenderConfig | None = None) -> None:
+        self.cluster = cluster
+        self.service = ExtenderService(cluster, config or ExtenderConfig()).start_watching()
+        assert self.service.wait_synced(10), "the extender did not sync"
+        self.server = HttpServer(self.service.app()).start()
+        self.http = httpx.Client(base_url=self.server.url + PREFIX, timeout=30)
+
+    def close(self) -> None:
+        self.http.close()
+        self.server.stop()
+        self.service.stop_watching()
+
+    def post(self, verb: str, body: Any) -> httpx.Response:
+        return self.http.post(f"/{verb}", json=body)
+
+    def filter(self, pod: Pod, nodes: Iterable[str] | None = None) -> dict[str, Any]:
+        names = list(nodes) if nodes is not None else self.node_names()
+        response = self.post("filter", {"Pod": pod_json(pod), "Nodes": None, "NodeNames": names})
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def prioritize(self, pod: Pod, nodes: Iterable[str]) -> dict[str, int]:
+        body = {"Pod": pod_json(pod), "Nodes": None, "NodeNames": list(nodes)}
+        response = self.post("prioritize", body)
+        assert response.status_code == 200, response.text
+        answer = response.json()
+        assert isinstance(answer, list)
+        return {item["Host"]: item["Score"] for item in answer}
+
+    def bind(self, pod: Pod, node: str) -> str:
+        meta = pod.metadata
+        body = {
+            "PodName": meta.name,
+            "PodNamespace": meta.namespace,
+            "PodUID": meta.uid,
+            "Node": node,
+        }
+        response = self.post("bind", body)
+        assert response.status_code == 200, response.text
+        return response.json()["Error"]
+
+    def schedule(self, pod: Pod) -> str | dict[str, str]:
+        """filter → prioritize (best score, ties by name) → bind; the node, or the reasons."""
+        answer = self.filter(pod)
+        passed = answer["NodeNames"]
+        if not passed:
+            return {**answer["FailedNodes"], **answer["FailedAndUnresolvableNodes"]}
+        scores = self.prioritize(pod, passed) if len(passed) > 1 else {passed[0]: 0}
+        node = min(passed, key=lambda n: (-scores[n], n))
+        error = self.bind(pod, node)
+        assert error == "", error
+        return node
+
+    def node_names(self) -> list[str]:
+        return sorted(node.name for node in self.cluster.list_nodes().items)
+
+    def submit(self, pod: Pod) -> Pod:
+        """Creates the pod and waits until the extender's watch has seen it."""
+        created = self.cluster.create_pod(pod)
+        wait_until(lambda: created.key in self.service.cache.pods, what=f"{created.key} seen")
+        return created
+
+
+def allocation_of(cluster: MemoryCluster, namespace: str, name: str) -> PodAllocation | None:
+    return annotation.decode(cluster.get_pod(namespace, name))

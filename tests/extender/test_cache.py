@@ -1,0 +1,162 @@
+"""The scheduler cache: the API's allocations plus binds the watch has not shown yet."""
+
+import pytest
+
+from extender.cache import SchedulerCache
+from gpushare import annotation
+from gpushare.cluster import EventType
+from gpushare.placement import to_allocation
+from tests.builders import T0, node, pod, request
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def started(clock: Clock | None = None) -> SchedulerCache:
+    cache = SchedulerCache(assume_ttl_s=60, clock=clock or Clock())
+    cache.replace_nodes([node("n", "1x16GiB")])
+    cache.replace_pods([])
+    return cache
+
+
+def assume(cache: SchedulerCache, name: str, mem: int):
+    fit = cache.place("n", request(mem=mem), None)
+    allocation = to_allocation(
+        request(mem=mem), fit.placement.assignment, cache.node_state("n").inventory, T0
+    )
+    cache.assume(f"default/{name}", f"uid-{name}", allocation)
+    return allocation
+
+
+def answer(cache: SchedulerCache, mem: int) -> tuple:
+    """What filter and prioritize would send about node n (the table's entry)."""
+    with cache.lock:
+        return cache.answers(request(mem=mem), None, ["n"]).entries[0]
+
+
+def refusal(cache: SchedulerCache, mem: int) -> str:
+    """Node n's reason in FailedNodes or FailedAndUnresolvableNodes, "" when it fits."""
+    _, _, failed, unresolvable, _ = answer(cache, mem)
+    return failed or unresolvable or ""
+
+
+def used(cache: SchedulerCache) -> int:
+    return cache.snapshot().gpus["n"][0][0]
+
+
+def test_an_event_from_before_the_bind_does_not_drop_the_reservation():
+    cache = started()
+    assume(cache, "p", 10)
+    cache.apply_pod(EventType.ADDED, pod("p", mem=10))  # created, not yet bound
+    assert used(cache) == 10
+    assert "[insufficient-gpu-memory]" in refusal(cache, 8)
+
+
+def test_the_watch_showing_the_bind_replaces_the_reservation():
+    cache = started()
+    allocation = assume(cache, "p", 10)
+    bound = pod("p", mem=10, node="n", annotations=annotation.encode(allocation))
+    cache.apply_pod(EventType.MODIFIED, bound)
+    assert not cache.assumed
+    assert used(cache) == 10
+
+
+def test_a_deleted_pod_frees_its_reservation():
+    cache = started()
+    assume(cache, "p", 10)
+    cache.apply_pod(EventType.DELETED, pod("p", mem=10))
+    assert not cache.assumed and used(cache) == 0
+
+
+def test_a_reservation_the_watch_never_confirms_expires():
+    clock = Clock()
+    cache = started(clock)
+    assume(cache, "p", 10)
+    cache.apply_pod(EventType.ADDED, pod("p", mem=10))
+    clock.now = 30
+    assert cache.expire() == []
+    clock.now = 61
+    assert cache.expire() == ["default/p"]
+    assert used(cache) == 0
+
+
+def test_a_relisting_keeps_reservations_the_listing_does_not_show_yet():
+    cache = started()
+    assume(cache, "p", 10)
+    cache.replace_pods([pod("p", mem=10)])
+    assert used(cache) == 10
+    allocation = cache.assumed["default/p"].allocation
+    cache.replace_pods([pod("p", mem=10, node="n", annotations=annotation.encode(allocation))])
+    assert not cache.assumed and used(cache) == 10
+
+
+def test_results_are_reused_until_the_node_changes():
+    cache = started()
+    first = answer(cache, 10)
+    assert answer(cache, 10) is first
+    assume(cache, "p", 10)
+    assert "[insufficient-gpu-memory]" in refusal(cache, 10)
+
+
+def test_a_node_status_update_that_changes_nothing_keeps_the_results():
+    cache = started()
+    first = answer(cache, 10)
+    cache.apply_node(EventType.MODIFIED, node("n", "1x16GiB"))
+    assert answer(cache, 10) is first
+    cache.apply_node(EventType.MODIFIED, node("n", "1x8GiB"))
+    assert "[gpu-too-small]" in refusal(cache, 10)
+
+
+def test_a_node_with_an_unreadable_gpu_annotation_is_refused_with_why():
+    cache = started()
+    broken = node("n", "1x16GiB")
+    broken = broken.model_copy(
+        update={
+            "metadata": broken.metadata.model_copy(
+                update={"annotations": {"gpushare.io/gpus": "not json"}}
+            )
+        }
+    )
+    cache.apply_node(EventType.MODIFIED, broken)
+    reason = refusal(cache, 1)
+    assert "gpushare.io/gpus is malformed" in reason and "device plugin" in reason
+
+
+def test_a_pod_with_an_unreadable_allocation_is_left_out_and_reported():
+    cache = started()
+    cache.apply_pod(
+        EventType.ADDED, pod("p", mem=1, node="n", annotations={"gpushare.io/allocation": "{oops"})
+    )
+    assert used(cache) == 0
+    assert "not a JSON object" in cache.pod_problems["default/p"]
+
+
+@pytest.mark.parametrize(
+    ("names", "before", "after"),
+    [
+        (["n0", "n1", "n2", "n3"], '["n0","n1","n2","n3"]', '["n0","n2","n3"]'),
+        (["n3", "n1", "n0", "n1"], '["n3","n1","n0","n1"]', '["n3","n0"]'),
+    ],
+)
+def test_a_candidate_list_asked_again_is_patched_where_nodes_changed(names, before, after):
+    cache = SchedulerCache()
+    cache.replace_nodes([node(f"n{i}", "1x16GiB") for i in range(4)])
+    cache.replace_pods([])
+    with cache.lock:
+        first = cache.answers(request(mem=10), None, names)
+    assert first.passed_json() == before
+    fit = cache.place("n1", request(mem=10), None)
+    allocation = to_allocation(
+        request(mem=10), fit.placement.assignment, cache.node_state("n1").inventory, T0
+    )
+    cache.assume("default/p", "uid-p", allocation)
+    with cache.lock:
+        again = cache.answers(request(mem=10), None, list(names))
+    assert again.passed_json() == after
+    assert '"n1":' in again.failed_json(again.refused())
+    assert first.passed_json() == before  # an answer already given stays as it was

@@ -1,0 +1,173 @@
+"""The admission webhook over real HTTPS, answering AdmissionReview v1 as the API server
+sends it."""
+
+import base64
+import json
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from extender.server import HttpServer
+from extender.service import ExtenderConfig, ExtenderService
+from gpushare.cluster.memory import MemoryCluster
+from tests.builders import pod
+from tests.extender.harness import pod_json
+from tests.extender.tls import self_signed
+
+
+@pytest.fixture(scope="module")
+def webhook(tmp_path_factory) -> Iterator[tuple[httpx.Client, str]]:
+    cert, key = self_signed(Path(tmp_path_factory.mktemp("tls")))
+    config = ExtenderConfig(tls_cert_file=cert, tls_key_file=key)
+    service = ExtenderService(MemoryCluster(), config)
+    server = HttpServer(service.webhook_app(), tls_cert_file=cert, tls_key_file=key).start()
+    assert server.url.startswith("https://127.0.0.1:")
+    with httpx.Client(
+        base_url=server.url, verify=ssl.create_default_context(cafile=cert)
+    ) as client:
+        yield client, server.url
+    server.stop()
+
+
+def review(obj: dict | None, operation: str = "CREATE", kind: str = "Pod") -> dict:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "", "version": "v1", "kind": kind},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "default",
+            "operation": operation,
+            "userInfo": {"username": "admin"},
+            "object": obj,
+            "dryRun": False,
+        },
+    }
+
+
+def test_the_webhook_speaks_tls_only_with_a_certificate_it_was_given(webhook):
+    _, url = webhook
+    with pytest.raises(httpx.ConnectError):
+        httpx.post(url + "/validate", json=review(None))  # not trusted without the CA
+
+
+def test_a_valid_gpu_pod_is_allowed(webhook):
+    client, _ = webhook
+    answer = client.post("/validate", json=review(pod_json(pod("ok", mem=2, core=30)))).json()
+    assert answer["apiVersion"] == "admission.k8s.io/v1"
+    assert answer["kind"] == "AdmissionReview"
+    assert answer["response"] == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
+
+
+def test_a_pod_that_breaks_a_rule_is_refused_with_every_rule(webhook):
+    client, _ = webhook
+    bad = pod("core-33", mem=2, core=33, labels={})
+    answer = client.post("/validate", json=review(pod_json(bad))).json()["response"]
+    assert answer["allowed"] is False
+    assert answer["status"]["code"] == 403
+    message = answer["status"]["message"]
+    assert "default/core-33" in message
+    assert "multiple of 5, got 33" in message and "[core-multiple-of-5]" in message
+
+
+def test_several_broken_rules_are_all_named(webhook):
+    client, _ = webhook
+    bad = pod(
+        "bad",
+        containers=[
+            {"name": "a", "resources": {"limits": {"aliyun.com/gpu-mem": "1.5"}}},
+            {"name": "b", "resources": {"limits": {"aliyun.com/gpu-core.percentage": "120"}}},
+        ],
+    )
+    message = client.post("/validate", json=review(pod_json(bad))).json()["response"]["status"][
+        "message"
+    ]
+    assert "[not-an-integer]" in message
+    assert "[core-range]" in message and "[core-needs-gpu-mem]" in message
+
+
+def test_an_unknown_placement_policy_is_refused_with_the_known_ones(webhook):
+    client, _ = webhook
+    p = pod_json(pod("p", mem=1))
+    p["metadata"]["annotations"] = {"gpushare.io/placement-policy": "spraed"}
+    message = client.post("/validate", json=review(p)).json()["response"]["status"]["message"]
+    assert "'spraed'" in message and "binpack" in message and "spread" in message
+
+
+def test_pods_without_gpus_other_kinds_and_deletes_are_allowed(webhook):
+    client, _ = webhook
+    plain = {"metadata": {"generateName": "web-"}, "spec": {"containers": [{"name": "c"}]}}
+    assert client.post("/validate", json=review(plain)).json()["response"]["allowed"]
+    deployment = {"metadata": {"name": "d"}, "spec": {"replicas": "many"}}
+    answer = client.post("/validate", json=review(deployment, kind="Deployment")).json()
+    assert answer["response"]["allowed"]
+    assert client.post("/validate", json=review(None, "DELETE")).json()["response"]["allowed"]
+
+
+def test_a_gpu_pod_that_kept_the_default_scheduler_is_sent_to_ours(webhook):
+    client, _ = webhook
+    for scheduler in (None, "default-scheduler"):
+        p = pod_json(pod("p", mem=2))
+        if scheduler:
+            p["spec"]["schedulerName"] = scheduler
+        answer = client.post("/mutate", json=review(p)).json()["response"]
+        assert answer["allowed"] is True
+        assert answer["patchType"] == "JSONPatch"
+        patch = json.loads(base64.b64decode(answer["patch"]))
+        assert patch == [
+            {"op": "add", "path": "/spec/schedulerName", "value": "gpushare-scheduler"}
+        ]
+
+
+def test_mutate_leaves_other_pods_and_chosen_schedulers_alone(webhook):
+    client, _ = webhook
+    chosen = pod_json(pod("p", mem=2))
+    chosen["spec"]["schedulerName"] = "volcano"
+    plain = pod_json(pod("web", containers=[{"name": "c"}]))
+    for obj in (chosen, plain):
+        answer = client.post("/mutate", json=review(obj)).json()["response"]
+        assert answer == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b"not json", "not valid JSON"),
+        (b"{}", "request: Field required"),
+        (
+            json.dumps(
+                {
+                    "apiVersion": "admission.k8s.io/v1",
+                    "kind": "AdmissionReview",
+                    "request": {"object": {}},
+                }
+            ).encode(),
+            "request.uid",
+        ),
+        (json.dumps(review({"metadata": {"name": 5}})).encode(), "request.object: metadata.name"),
+    ],
+)
+def test_a_malformed_review_is_a_400_naming_the_field(webhook, body, field):
+    client, _ = webhook
+    for path in ("/validate", "/mutate"):
+        response = client.post(path, content=body)
+        assert response.status_code == 400
+        assert field in response.json()["Error"]
+
+
+def test_a_workload_pod_is_named_by_its_generate_name(webhook):
+    client, _ = webhook
+    bad = pod_json(pod("x", mem=2, core=33))
+    bad["metadata"] = {"generateName": "trainer-7d9f-", "namespace": "ml"}
+    message = client.post("/validate", json=review(bad)).json()["response"]["status"]["message"]
+    assert "default/trainer-7d9f-<generated>" in message
+
+
+def test_mutate_changes_nothing_on_update(webhook):
+    client, _ = webhook
+    answer = client.post("/mutate", json=review(pod_json(pod("p", mem=2)), "UPDATE")).json()
+    assert "patch" not in answer["response"] and answer["response"]["allowed"]

@@ -1,0 +1,247 @@
+"""A stand-in for the few Kubernetes API paths gpushare calls, over real HTTP on loopback.
+
+Backed by a MemoryCluster, so resourceVersions, watches from a version, 410 Gone
+after compaction, preconditions and "already assigned" behave as the API server's
+do. It records every request, and can be told to fail the next few.
+"""
+
+import json
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from gpushare.cluster import AlreadyBound, Conflict, Expired, NotFound
+from gpushare.cluster.memory import MemoryCluster
+
+
+@dataclass(frozen=True)
+class Seen:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    content_type: str
+    body: Any
+
+
+def status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+class ApiServer:
+    def __init__(self, cluster: MemoryCluster) -> None:
+        self.cluster = cluster
+        self.requests: list[Seen] = []
+        self.failures: list[int] = []
+        """HTTP statuses to answer the next requests with, one each."""
+        self.events: list[dict[str, Any]] = []
+        self.watch_gate = threading.Event()
+        """Cleared, new watch requests wait until it is set again."""
+        self.watch_gate.set()
+        self._watches: set = set()
+        self._lock = threading.Lock()
+        self.httpd = _Server(("127.0.0.1", 0), _handler(self))
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.end_watches()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def end_watches(self) -> None:
+        """Ends every open watch stream, as an API server restart would."""
+        with self._lock:
+            watches, self._watches = list(self._watches), set()
+        for watch in watches:
+            watch.stop()
+
+    def seen(self, method: str, path_part: str = "") -> list[Seen]:
+        return [r for r in self.requests if r.method == method and path_part in r.path]
+
+    # ----- routing
+
+    def handle(self, method: str, path: str, query: dict[str, list[str]], body: Any):
+        """(status, JSON body) or (200, watch) for a watch."""
+        with self._lock:
+            if self.failures:
+                code = self.failures.pop(0)
+                return code, status(code, "InternalError", f"injected failure {code}")
+        if (query.get("watch") or [""])[0] == "true":
+            self.watch_gate.wait(10)
+        parts = path.strip("/").split("/")
+        if parts[:2] != ["api", "v1"]:
+            return 404, status(404, "NotFound", f"no route {path}")
+        rest = parts[2:]
+        one = lambda key: (query.get(key) or [""])[0]  # noqa: E731
+        try:
+            if rest == ["nodes"] and method == "GET":
+                if one("watch") == "true":
+                    return 200, self._watch(self.cluster.watch_nodes(one("resourceVersion")), query)
+                return 200, self._list("NodeList", self.cluster.list_nodes())
+            if rest[:1] == ["nodes"] and len(rest) == 2:
+                if method == "GET":
+                    return 200, self.cluster.get_node(rest[1]).to_manifest()
+                if method == "PATCH":
+                    annotations = body["metadata"]["annotations"]
+                    return 200, self.cluster.patch_node_annotations(
+                        rest[1], annotations
+                    ).to_manifest()
+            if rest == ["pods"] and method == "GET":
+                selector = one("fieldSelector")
+                node = selector.split("=", 1)[1] if selector.startswith("spec.nodeName=") else None
+                if one("watch") == "true":
+                    watch = self.cluster.watch_pods(one("resourceVersion"), node)
+                    return 200, self._watch(watch, query)
+                return 200, self._list("PodList", self.cluster.list_pods(node))
+            if len(rest) >= 4 and rest[0] == "namespaces" and rest[2] == "pods":
+                return self._pod(method, rest[1], rest[3], rest[4:], body)
+            if len(rest) == 3 and rest[0] == "namespaces" and rest[2] == "events":
+                self.events.append(body)
+                return 201, body
+        except NotFound as err:
+            return 404, status(404, "NotFound", str(err))
+        except Expired as err:
+            return 200, _ExpiredWatch(str(err))
+        return 405, status(405, "MethodNotAllowed", f"{method} {path}")
+
+    def _pod(self, method: str, ns: str, name: str, sub: list[str], body: Any):
+        if not sub and method == "GET":
+            return 200, self.cluster.get_pod(ns, name).to_manifest()
+        if not sub and method == "PATCH":
+            meta = body["metadata"]
+            try:
+                pod = self.cluster.patch_pod_annotations(
+                    ns, name, meta.get("annotations", {}), meta.get("resourceVersion")
+                )
+            except Conflict as err:
+                return 409, status(409, "Conflict", str(err))
+            return 200, pod.to_manifest()
+        if sub == ["binding"] and method == "POST":
+            meta = body.get("metadata", {})
+            if meta.get("name") != name:
+                return 400, status(400, "BadRequest", "name in the body does not match the URL")
+            try:
+                self.cluster.bind_pod(
+                    ns, name, body["target"]["name"], meta.get("uid", ""), meta.get("annotations")
+                )
+            except AlreadyBound as err:
+                message = (
+                    f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} '
+                    f'is already assigned to node "{err.node}"'
+                )
+                return 409, status(409, "Conflict", message)
+            except Conflict as err:
+                return 409, status(409, "Conflict", str(err))
+            return 201, {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "code": 201,
+            }
+        return 405, status(405, "MethodNotAllowed", f"{method} pods/{'/'.join(sub)}")
+
+    def _list(self, kind: str, listing) -> dict[str, Any]:
+        return {
+            "kind": kind,
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": listing.resource_version},
+            "items": [item.to_manifest() for item in listing.items],
+        }
+
+    def _watch(self, watch, query):
+        with self._lock:
+            self._watches.add(watch)
+        timeout = float((query.get("timeoutSeconds") or ["300"])[0])
+        timer = threading.Timer(timeout, watch.stop)
+        timer.daemon = True
+        timer.start()
+        return watch
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients closing kept-alive connections are routine, not worth a traceback.
+        pass
+
+
+class _ExpiredWatch:
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def __iter__(self):
+        return iter(())
+
+
+def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _serve(self, method: str) -> None:
+            url = urlparse(self.path)
+            query = parse_qs(url.query)
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            body = json.loads(raw) if raw else None
+            api.requests.append(
+                Seen(method, url.path, query, self.headers.get("Content-Type", ""), body)
+            )
+            code, answer = api.handle(method, url.path, query, body)
+            if isinstance(answer, dict):
+                data = json.dumps(answer).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
+            self._stream(answer)
+
+        def _stream(self, watch: Any) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                if isinstance(watch, _ExpiredWatch):
+                    self._chunk({"type": "ERROR", "object": status(410, "Expired", watch.message)})
+                else:
+                    for event in watch:
+                        self._chunk(
+                            {"type": event.type.value, "object": event.object.to_manifest()}
+                        )
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                watch.stop()
+            self.close_connection = True
+
+        def _chunk(self, event: dict[str, Any]) -> None:
+            line = json.dumps(event).encode() + b"\n"
+            self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+            self.wfile.flush()
+
+        def do_GET(self) -> None:
+            self._serve("GET")
+
+        def do_POST(self) -> None:
+            self._serve("POST")
+
+        def do_PATCH(self) -> None:
+            self._serve("PATCH")
+
+    return Handler

@@ -1,0 +1,197 @@
+"""KubeCluster speaks to a real HTTP server with the official client, and maps the
+API server's answers onto the cluster port's semantics."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from gpushare.cluster import (
+    AlreadyBound,
+    ClusterError,
+    Conflict,
+    EventSeverity,
+    EventType,
+    Expired,
+    NotFound,
+    ObjectRef,
+)
+from gpushare.cluster.memory import MemoryCluster
+from kubecluster import KubeCluster
+from tests.builders import node, pod
+from tests.kubecluster.apiserver import ApiServer
+
+
+@pytest.fixture
+def memory() -> MemoryCluster:
+    cluster = MemoryCluster()
+    cluster.add_node(node("n1", "2x16GiB", **{"ack.node.gpu.placement": "spread"}))
+    cluster.add_node(node("n2", "1x80GiB", mode="core_mem"))
+    return cluster
+
+
+@pytest.fixture
+def api(memory: MemoryCluster) -> Iterator[ApiServer]:
+    server = ApiServer(memory)
+    yield server
+    server.close()
+
+
+def kube_cluster(api: ApiServer, watch_timeout_s: int = 30) -> KubeCluster:
+    configuration = client.Configuration()
+    configuration.host = api.url
+    return KubeCluster(client.ApiClient(configuration), watch_timeout_s=watch_timeout_s)
+
+
+@pytest.fixture
+def kube(api: ApiServer) -> KubeCluster:
+    return kube_cluster(api)
+
+
+def test_nodes_and_pods_arrive_as_gpushare_objects(memory, api, kube):
+    memory.create_pod(pod("a", mem=4, core=20))
+    nodes = kube.list_nodes()
+    assert [n.name for n in nodes.items] == ["n1", "n2"]
+    assert nodes.resource_version == str(memory.list_nodes().resource_version)
+    n1 = kube.get_node("n1")
+    assert n1.metadata.labels["ack.node.gpu.placement"] == "spread"
+    assert n1.status.allocatable["aliyun.com/gpu-mem"] == "32"
+    assert "gpushare.io/gpus" in n1.metadata.annotations
+    a = kube.get_pod("default", "a")
+    assert a.spec.containers[0].resources.limits["aliyun.com/gpu-core.percentage"] == "20"
+    assert a.metadata.uid == memory.get_pod("default", "a").metadata.uid
+    assert a.metadata.creation_timestamp is not None
+
+
+def test_pods_of_one_node_are_listed_with_a_field_selector(memory, api, kube):
+    memory.create_pod(pod("a", mem=1))
+    memory.create_pod(pod("b", mem=1))
+    memory.bind_pod("default", "b", "n2")
+    assert [p.metadata.name for p in kube.list_pods("n2").items] == ["b"]
+    assert api.seen("GET", "/api/v1/pods")[-1].query["fieldSelector"] == ["spec.nodeName=n2"]
+    assert len(kube.list_pods().items) == 2
+
+
+def test_a_missing_object_is_not_found(kube):
+    with pytest.raises(NotFound, match="ghost"):
+        kube.get_pod("default", "ghost")
+    with pytest.raises(NotFound):
+        kube.get_node("ghost")
+
+
+def test_server_errors_and_unreachable_servers_are_cluster_errors(api, kube):
+    api.failures.append(500)
+    with pytest.raises(ClusterError, match="injected failure 500"):
+        kube.list_nodes()
+    configuration = client.Configuration()
+    configuration.host = "http://127.0.0.1:9"  # nothing listens there
+    configuration.retries = 0
+    with pytest.raises(ClusterError):
+        KubeCluster(client.ApiClient(configuration)).list_nodes()
+
+
+def test_watch_streams_changes_from_a_version_until_stopped(memory, api, kube):
+    start = kube.list_pods().resource_version
+    memory.create_pod(pod("a", mem=1))
+    memory.patch_pod_annotations("default", "a", {"k": "v"})
+    memory.delete_pod("default", "a")
+    watch = kube.watch_pods(start)
+    events = [next(watch) for _ in range(3)]
+    watch.stop()
+    assert [e.type for e in events] == [EventType.ADDED, EventType.MODIFIED, EventType.DELETED]
+    assert events[1].object.metadata.annotations == {"k": "v"}
+    query = api.seen("GET", "/api/v1/pods")[-1].query
+    assert query["watch"] == ["true"] and query["resourceVersion"] == [start]
+
+
+def test_a_watch_from_a_compacted_version_is_expired(memory, api, kube):
+    start = kube.list_nodes().resource_version
+    memory.add_node(node("n3"))
+    memory.compact()
+    with pytest.raises(Expired, match="too old"):
+        next(kube.watch_nodes(start))
+
+
+def test_annotation_patches_are_merge_patches_with_a_version_precondition(memory, api, kube):
+    created = memory.create_pod(pod("a", mem=1, annotations={"old": "1"}))
+    patched = kube.patch_pod_annotations(
+        "default", "a", {"new": "2", "old": None}, created.metadata.resource_version
+    )
+    assert patched.metadata.annotations == {"new": "2"}
+    sent = api.seen("PATCH")[-1]
+    assert sent.content_type == "application/merge-patch+json"
+    assert sent.body["metadata"]["resourceVersion"] == created.metadata.resource_version
+    with pytest.raises(Conflict, match="modified"):
+        kube.patch_pod_annotations("default", "a", {"late": "x"}, created.metadata.resource_version)
+    assert "late" not in memory.get_pod("default", "a").metadata.annotations
+    node_patched = kube.patch_node_annotations("n1", {"gpushare.io/test": "y"})
+    assert node_patched.metadata.annotations["gpushare.io/test"] == "y"
+
+
+def test_binding_sets_the_node_and_merges_annotations(memory, api, kube):
+    created = memory.create_pod(pod("a", mem=1))
+    kube.bind_pod("default", "a", "n1", created.metadata.uid, {"gpushare.io/allocation": "{}"})
+    bound = memory.get_pod("default", "a")
+    assert bound.spec.node_name == "n1"
+    assert bound.metadata.annotations["gpushare.io/allocation"] == "{}"
+    sent = api.seen("POST", "/binding")[-1]
+    assert sent.path == "/api/v1/namespaces/default/pods/a/binding"
+    assert sent.body["metadata"]["uid"] == created.metadata.uid
+    assert sent.body["target"] == {"apiVersion": "v1", "kind": "Node", "name": "n1"}
+
+
+def test_binding_a_bound_pod_says_where_it_is(memory, api, kube):
+    created = memory.create_pod(pod("a", mem=1))
+    memory.bind_pod("default", "a", "n2")
+    with pytest.raises(AlreadyBound) as bound:
+        kube.bind_pod("default", "a", "n1", created.metadata.uid)
+    assert bound.value.node == "n2"
+
+
+def test_binding_with_a_stale_uid_or_a_missing_pod_fails_plainly(memory, api, kube):
+    memory.create_pod(pod("a", mem=1))
+    with pytest.raises(Conflict) as conflict:
+        kube.bind_pod("default", "a", "n1", "uid-of-a-deleted-pod")
+    assert not isinstance(conflict.value, AlreadyBound)
+    assert "UID" in str(conflict.value)
+    with pytest.raises(NotFound):
+        kube.bind_pod("default", "ghost", "n1")
+
+
+def test_events_are_recorded_on_the_object_and_never_raise(memory, api, kube):
+    created = memory.create_pod(pod("a", mem=1))
+    ref = ObjectRef.of_pod(created)
+    kube.record_event(ref, EventSeverity.WARNING, "GpuRefused", "no GPU has 3 GiB free")
+    event = api.events[-1]
+    assert event["involvedObject"]["kind"] == "Pod"
+    assert event["involvedObject"]["uid"] == created.metadata.uid
+    assert event["reason"] == "GpuRefused" and event["type"] == "Warning"
+    assert event["message"] == "no GPU has 3 GiB free"
+    assert api.seen("POST", "/events")[-1].path == "/api/v1/namespaces/default/events"
+    api.failures.append(500)
+    kube.record_event(ref, EventSeverity.NORMAL, "Ignored", "the server is down")
+
+
+def test_from_config_reads_a_kubeconfig(memory, api, tmp_path: Path):
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "stub", "cluster": {"server": api.url}}],
+        "users": [{"name": "u", "user": {"token": "secret-token"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "stub", "user": "u"}}],
+        "current-context": "c",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(kubeconfig))
+    kube = KubeCluster.from_config(str(path))
+    assert [n.name for n in kube.list_nodes().items] == ["n1", "n2"]
+
+
+def test_from_config_without_a_kubeconfig_needs_a_pod(monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    from kubernetes.config import ConfigException
+
+    with pytest.raises(ConfigException):
+        KubeCluster.from_config(None)

@@ -1,0 +1,202 @@
+"""The watch cache lists, follows, re-lists after 410 Gone and reconnects after failures,
+over the in-memory cluster and over the Kubernetes API alike."""
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from kubernetes import client
+
+from gpushare.cluster import ClusterError, EventType
+from gpushare.cluster.memory import MemoryCluster, MemoryWatch
+from gpushare.objects import Pod
+from kubecluster import Backoff, KubeCluster, WatchCache
+from tests.builders import node, pod
+from tests.kubecluster.apiserver import ApiServer
+
+FAST = Backoff(initial=0.01, maximum=0.05)
+
+
+def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+class Mirror:
+    """A sink that keeps what it was told, by pod key."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, Pod] = {}
+        self.replacements = 0
+        self.lock = threading.Lock()
+
+    def replace(self, items: list[Pod]) -> None:
+        with self.lock:
+            self.pods = {p.key: p for p in items}
+            self.replacements += 1
+
+    def apply(self, event_type: EventType, obj: Pod) -> None:
+        with self.lock:
+            if event_type is EventType.DELETED:
+                self.pods.pop(obj.key, None)
+            else:
+                self.pods[obj.key] = obj
+
+    def annotations(self) -> dict[str, dict[str, str]]:
+        with self.lock:
+            return {k: dict(p.metadata.annotations) for k, p in self.pods.items()}
+
+
+class Interruptible(MemoryCluster):
+    """A MemoryCluster whose watches can be cut, and whose next watches can fail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open: list[MemoryWatch] = []
+        self.failing_watches = 0
+        self.gate = threading.Event()
+        """Cleared, new watches wait until it is set again."""
+        self.gate.set()
+
+    def watch_pods(self, resource_version: str, node_name: str | None = None) -> MemoryWatch:
+        self.gate.wait(10)
+        if self.failing_watches:
+            self.failing_watches -= 1
+            raise ClusterError("connection refused")
+        watch = super().watch_pods(resource_version, node_name)
+        self.open.append(watch)
+        return watch
+
+    def cut(self) -> None:
+        for watch in self.open:
+            watch.stop()
+
+
+def same_as(cluster: MemoryCluster, mirror: Mirror, keep=lambda p: True) -> bool:
+    want = {p.key: dict(p.metadata.annotations) for p in cluster.list_pods().items if keep(p)}
+    return mirror.annotations() == want
+
+
+@pytest.fixture
+def memory() -> Interruptible:
+    cluster = Interruptible()
+    cluster.add_node(node("n"))
+    return cluster
+
+
+def pod_cache(cluster, mirror: Mirror, **kwargs) -> WatchCache[Pod]:
+    return WatchCache(
+        "pods", cluster.list_pods, cluster.watch_pods, mirror, backoff=FAST, **kwargs
+    ).start()
+
+
+def test_it_lists_then_follows_every_change(memory):
+    memory.create_pod(pod("before", mem=1))
+    mirror = Mirror()
+    cache = pod_cache(memory, mirror)
+    try:
+        assert cache.synced.wait(5)
+        memory.create_pod(pod("after", mem=1))
+        memory.patch_pod_annotations("default", "before", {"k": "v"})
+        memory.delete_pod("default", "after")
+        eventually(lambda: same_as(memory, mirror))
+        assert mirror.replacements == 1
+    finally:
+        cache.stop()
+
+
+def test_a_watch_resumes_without_relisting_while_its_version_is_kept(memory):
+    mirror = Mirror()
+    cache = pod_cache(memory, mirror)
+    try:
+        assert cache.synced.wait(5)
+        memory.cut()
+        memory.create_pod(pod("p", mem=1))
+        eventually(lambda: same_as(memory, mirror))
+        assert cache.relists == 0
+    finally:
+        cache.stop()
+
+
+def test_an_expired_version_makes_it_list_again(memory):
+    mirror = Mirror()
+    cache = pod_cache(memory, mirror)
+    try:
+        assert cache.synced.wait(5)
+        memory.gate.clear()
+        memory.cut()
+        memory.create_pod(pod("missed", mem=1))
+        memory.compact()
+        memory.gate.set()
+        eventually(lambda: same_as(memory, mirror))
+        assert cache.relists == 1
+    finally:
+        cache.stop()
+
+
+def test_failures_are_retried_with_backoff(memory):
+    mirror = Mirror()
+    cache = pod_cache(memory, mirror)
+    try:
+        assert cache.synced.wait(5)
+        memory.failing_watches = 3
+        memory.cut()
+        memory.create_pod(pod("p", mem=1))
+        eventually(lambda: same_as(memory, mirror))
+        assert cache.reconnects >= 3
+    finally:
+        cache.stop()
+
+
+def test_objects_that_stop_being_interesting_leave_the_cache(memory):
+    mirror = Mirror()
+    cache = pod_cache(memory, mirror, keep=lambda p: "keep" in p.metadata.annotations)
+    try:
+        assert cache.synced.wait(5)
+        memory.create_pod(pod("p", mem=1, annotations={"keep": "1"}))
+        eventually(lambda: "default/p" in mirror.pods)
+        memory.patch_pod_annotations("default", "p", {"keep": None})
+        eventually(lambda: "default/p" not in mirror.pods)
+    finally:
+        cache.stop()
+
+
+def test_backoff_doubles_up_to_its_maximum():
+    backoff = Backoff(initial=1, maximum=8, jitter=0)
+    assert [backoff.delay(n) for n in range(1, 6)] == [1, 2, 4, 8, 8]
+
+
+def test_over_the_kubernetes_api_it_survives_dropped_streams_and_410(memory):
+    api = ApiServer(memory)
+    configuration = client.Configuration()
+    configuration.host = api.url
+    kube = KubeCluster(client.ApiClient(configuration), watch_timeout_s=30)
+    mirror = Mirror()
+    cache = pod_cache(kube, mirror)
+    try:
+        assert cache.synced.wait(10)
+        memory.create_pod(pod("a", mem=1))
+        eventually(lambda: same_as(memory, mirror))
+
+        api.failures.append(500)  # the next watch request fails
+        api.end_watches()
+        memory.create_pod(pod("b", mem=1))
+        eventually(lambda: same_as(memory, mirror))
+        assert cache.reconnects >= 1
+
+        lists = len([r for r in api.seen("GET", "/api/v1/pods") if "watch" not in r.query])
+        api.watch_gate.clear()
+        api.end_watches()
+        memory.create_pod(pod("c", mem=1))
+        memory.compact()  # the resume version is gone: 410 in the stream
+        api.watch_gate.set()
+        eventually(lambda: same_as(memory, mirror))
+        assert cache.relists == 1
+        relisted = [r for r in api.seen("GET", "/api/v1/pods") if "watch" not in r.query]
+        assert len(relisted) == lists + 1
+    finally:
+        cache.stop()
+        api.close()

@@ -1,11 +1,11 @@
 """The demo's admission stage: bound pods get their environment from Allocate."""
 
 from deviceplugin.demo import admit_bound_pods, render
+from extender.demo import ExtenderStage
 from gpushare import annotation
 from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.environment import MEM_CONTAINER, NVIDIA_VISIBLE_DEVICES
 from gpushare.inventory import parse_layout
-from gpushare_cli.demo import schedule
 from gpushare_cli.main import main
 from tests.builders import container, pod
 
@@ -16,12 +16,13 @@ def test_every_bound_container_gets_the_environment_of_its_allocation():
     cluster = MemoryCluster()
     for name, layout in LAYOUTS.items():
         cluster.add_node(gpu_node(name, parse_layout(layout, name), mode="cgpu"))
-    for spec in (
-        pod("one", mem=20),
-        pod("two", containers=[container("x", 3), container("y", 5)]),
-        pod("three", mem=2),
-    ):
-        assert "->" in schedule(cluster, cluster.create_pod(spec))
+    with ExtenderStage(cluster) as stage:
+        for spec in (
+            pod("one", mem=20),
+            pod("two", containers=[container("x", 3), container("y", 5)]),
+            pod("three", mem=2),
+        ):
+            assert "->" in stage.submit(spec)
 
     admitted = admit_bound_pods(cluster, LAYOUTS)
 

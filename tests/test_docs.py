@@ -44,3 +44,37 @@ def test_relative_links_resolve(page: Path):
         if "://" in target:
             continue
         assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+def _exported_metric_names() -> set[str]:
+    """Every series name the three components can export, from their own registries."""
+    from deviceplugin.metrics import PluginMetrics
+    from extender.cache import SchedulerCache
+    from extender.metrics import ExtenderMetrics
+    from isolation.metrics import AgentMetrics
+
+    plugin = PluginMetrics("node")
+    plugin.watch_gpus(lambda: (), lambda: [])
+    registries = [plugin.registry, ExtenderMetrics(SchedulerCache()).registry]
+    registries.append(AgentMetrics("node").registry)
+    suffixes = {"counter": ("_total",), "histogram": ("", "_bucket", "_count", "_sum")}
+    return {
+        family.name + suffix
+        for registry in registries
+        for family in registry.collect()
+        for suffix in suffixes.get(family.type, ("",))
+    }
+
+
+METRIC_NAME = re.compile(
+    r"gpushare_(?:gpu|device_plugin|extender|admission|isolation|scheduler)_\w+(?![\w*])"
+)
+"""A metric name; a family written `gpushare_gpu_*` in prose is not one."""
+
+
+def test_every_metric_the_docs_and_dashboard_name_is_exported():
+    exported = _exported_metric_names()
+    sources = [*PAGES, ROOT / "helm" / "gpushare" / "files" / "dashboard.json"]
+    named = {(p.name, m) for p in sources for m in METRIC_NAME.findall(p.read_text())}
+    assert named, "the docs name no metric: the pattern is wrong"
+    assert sorted((page, m) for page, m in named if m not in exported) == []

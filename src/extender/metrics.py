@@ -62,17 +62,25 @@ class _GpuCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         labels = ["node", "gpu", "uuid"]
         mem = GaugeMetricFamily(
-            "gpushare_gpu_allocated_memory_gib", "GPU memory allocated to pods (GiB)", labels=labels
-        )
-        mem_total = GaugeMetricFamily(
-            "gpushare_gpu_memory_gib", "GPU memory the device plugin reports (GiB)", labels=labels
-        )
-        core = GaugeMetricFamily(
-            "gpushare_gpu_allocated_core_percent",
-            "GPU compute allocated to pods (percent of one GPU)",
+            "gpushare_scheduler_gpu_memory_allocated_gib",
+            "GPU memory allocated to pods, as the extender sees it (GiB)",
             labels=labels,
         )
-        pods = GaugeMetricFamily("gpushare_gpu_pods", "Pods sharing the GPU", labels=labels)
+        mem_total = GaugeMetricFamily(
+            "gpushare_scheduler_gpu_memory_total_gib",
+            "GPU memory the device plugin reports (GiB)",
+            labels=labels,
+        )
+        core = GaugeMetricFamily(
+            "gpushare_scheduler_gpu_core_allocated_percent",
+            "GPU compute allocated to pods, as the extender sees it (percent of one GPU)",
+            labels=labels,
+        )
+        pods = GaugeMetricFamily(
+            "gpushare_scheduler_gpu_pods",
+            "Pods sharing the GPU, as the extender sees it",
+            labels=labels,
+        )
         assumed = GaugeMetricFamily(
             "gpushare_extender_assumed_pods", "Binds the watch has not shown yet"
         )

@@ -351,7 +351,7 @@ class IsolationAgent:
                 write.path,
                 refused,
             )
-            self.metrics.refused_writes.labels(write.name).inc()
+            self.metrics.refused_writes.labels(self.metrics.node, write.name).inc()
             return
         if restored:
             log.info("control tree: %s (kept from an earlier run)", change)
@@ -440,7 +440,7 @@ class IsolationAgent:
         offender = max(container.on(index), key=lambda p: p.mem_bytes)
         if new:
             self.metrics.violations.labels(
-                str(index), container.key, container.pod, action.value
+                self.metrics.node, str(index), container.key, container.pod, action.value
             ).inc()
             member = self._gpus[index].members.get(container.key) if index in self._gpus else None
             if member is not None:
@@ -481,7 +481,7 @@ class IsolationAgent:
         for key in self._frozen:
             known = self._known.get(key)
             if known is not None:
-                self.metrics.throttled.labels(key, known.seen.pod).inc(elapsed)
+                self.metrics.throttled.labels(self.metrics.node, key, known.seen.pod).inc(elapsed)
 
     def _gpu_entry(self, gpu: _Gpu) -> GpuEntry:
         index = gpu.device.index

@@ -217,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("cannot start: %s", err)
         return 2
     log.info("%s", summary(args, config, backend))
-    metrics = AgentMetrics()
+    metrics = AgentMetrics(node=args.node_name)
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.registry)
     stop = threading.Event()

@@ -4,11 +4,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from isolation.control import TreeContent
 
-_CONTAINER = ["gpu", "container", "pod"]
+_CONTAINER = ["node", "gpu", "container", "pod"]
 
 
 class AgentMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    """Every series carries `node` (like the device plugin's), so a dashboard can filter
+    by node however the agent is scraped."""
+
+    def __init__(self, node: str = "", registry: CollectorRegistry | None = None) -> None:
+        self.node = node
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.memory_used = Gauge(
@@ -38,7 +42,7 @@ class AgentMetrics:
         self.throttled = Counter(
             "gpushare_isolation_throttled_seconds",
             "Time a container spent frozen by the time-slice scheduler",
-            ["container", "pod"],
+            ["node", "container", "pod"],
             registry=r,
         )
         self.violations = Counter(
@@ -50,13 +54,13 @@ class AgentMetrics:
         self.policy = Gauge(
             "gpushare_isolation_gpu_policy",
             "The cGPU scheduling policy of each GPU (0 fair-share .. 5 native)",
-            ["gpu"],
+            ["node", "gpu"],
             registry=r,
         )
         self.refused_writes = Counter(
             "gpushare_isolation_control_writes_refused",
             "Writes to the control tree the agent refused (the old value was restored)",
-            ["file"],
+            ["node", "file"],
             registry=r,
         )
         self.tick_seconds = Histogram(
@@ -65,16 +69,16 @@ class AgentMetrics:
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25),
             registry=r,
         )
-        self._series: dict[tuple[str, str, str], tuple[Gauge, ...]] = {}
+        self._series: dict[tuple[str, str, str, str], tuple[Gauge, ...]] = {}
 
     def publish(self, content: TreeContent) -> None:
         """Set the gauges from what the control tree shows, dropping gone containers."""
         gauges = (self.memory_used, self.memory_cap, self.utilisation, self.compute_limit)
-        present: set[tuple[str, str, str]] = set()
+        present: set[tuple[str, str, str, str]] = set()
         for gpu in content.gpus:
-            self.policy.labels(str(gpu.index)).set(int(gpu.policy))
+            self.policy.labels(self.node, str(gpu.index)).set(int(gpu.policy))
             for c in gpu.containers:
-                labels = (str(gpu.index), c.id, c.pod)
+                labels = (self.node, str(gpu.index), c.id, c.pod)
                 present.add(labels)
                 if labels not in self._series:
                     self._series[labels] = tuple(g.labels(*labels) for g in gauges)

@@ -130,8 +130,8 @@ def test_health_version_inspect_and_metrics(running):
     text = client.get("/metrics").text
     assert 'gpushare_extender_request_duration_seconds_count{verb="filter"}' in text
     assert 'gpushare_extender_binds_total{result="bound"} 1.0' in text
-    assert 'gpushare_gpu_allocated_memory_gib{gpu="0",node="n"' in text
-    assert "gpushare_gpu_allocated_core_percent" in text
+    assert 'gpushare_scheduler_gpu_memory_allocated_gib{gpu="0",node="n"' in text
+    assert "gpushare_scheduler_gpu_core_allocated_percent" in text
 
 
 class _SlowCluster(MemoryCluster):

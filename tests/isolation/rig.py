@@ -11,7 +11,11 @@ from isolation.agent import AgentConfig, IsolationAgent
 from isolation.backends.mock import MockBackend, MockContainer
 from isolation.clock import SimulatedClock
 from isolation.control import ControlTree
+from isolation.metrics import AgentMetrics
 from isolation.scenario import Node, Workload, place
+
+NODE = "gpu-node-1"
+"""The node name the rig's agent reports in its metrics."""
 
 SLICE = 0.1
 
@@ -62,5 +66,5 @@ def rig(
     backend = MockBackend(node.devices, clock, node.containers)
     root = tmp_path / "cgpu"
     settings = AgentConfig(version="gpushare-isolation test", slice_s=SLICE, **config)
-    agent = IsolationAgent(backend, ControlTree(root), clock, settings)
+    agent = IsolationAgent(backend, ControlTree(root), clock, settings, AgentMetrics(NODE))
     return Rig(agent, backend, clock, root, node)

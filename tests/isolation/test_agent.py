@@ -11,7 +11,7 @@ from isolation.backends.port import GIB
 from isolation.control import ControlTree
 from isolation.policy import Policy
 from isolation.scenario import Workload, place
-from tests.isolation.rig import SLICE, rig
+from tests.isolation.rig import NODE, SLICE, rig
 
 
 def test_weights_one_to_two_get_one_to_two_of_the_compute(tmp_path):
@@ -113,7 +113,13 @@ def test_an_allocation_past_the_cap_is_acted_on_within_one_poll(tmp_path, caplog
     assert r.read(f"{r.container_dir('leaky')}/violations") == "1\n"
     violations = r.agent.metrics.registry.get_sample_value(
         "gpushare_isolation_memory_cap_violations_total",
-        {"gpu": "0", "container": r.key("leaky"), "pod": "default/leaky", "action": "kill"},
+        {
+            "node": NODE,
+            "gpu": "0",
+            "container": r.key("leaky"),
+            "pod": "default/leaky",
+            "action": "kill",
+        },
     )
     assert violations == 1.0
 
@@ -201,7 +207,7 @@ def test_metrics_cover_memory_utilisation_throttling_and_policy(tmp_path):
     )
     r.agent.run(duration_s=6)
     registry = r.agent.metrics.registry
-    labels = {"gpu": "0", "container": r.key("a"), "pod": "default/a"}
+    labels = {"node": NODE, "gpu": "0", "container": r.key("a"), "pod": "default/a"}
     assert registry.get_sample_value("gpushare_isolation_memory_used_bytes", labels) == GIB
     assert registry.get_sample_value("gpushare_isolation_memory_cap_bytes", labels) == 4 * GIB
     assert registry.get_sample_value(
@@ -209,10 +215,12 @@ def test_metrics_cover_memory_utilisation_throttling_and_policy(tmp_path):
     ) == pytest.approx(50, abs=3)
     throttled = registry.get_sample_value(
         "gpushare_isolation_throttled_seconds_total",
-        {"container": r.key("a"), "pod": "default/a"},
+        {"node": NODE, "container": r.key("a"), "pod": "default/a"},
     )
     assert throttled == pytest.approx(3.0, abs=0.3)
-    assert registry.get_sample_value("gpushare_isolation_gpu_policy", {"gpu": "0"}) == 1
+    assert (
+        registry.get_sample_value("gpushare_isolation_gpu_policy", {"node": NODE, "gpu": "0"}) == 1
+    )
 
 
 def test_settings_written_to_the_tree_survive_an_agent_restart(tmp_path, caplog):

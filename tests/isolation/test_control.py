@@ -18,7 +18,7 @@ from isolation.control import (
 )
 from isolation.policy import Policy
 from isolation.scenario import Workload
-from tests.isolation.rig import SLICE, rig
+from tests.isolation.rig import NODE, SLICE, rig
 
 CID = "c" * 64
 
@@ -192,7 +192,8 @@ def test_invalid_gpu_writes_are_refused_and_the_old_value_restored(
     assert reason in caplog.text
     assert "the old value stays" in caplog.text
     refused = r.agent.metrics.registry.get_sample_value(
-        "gpushare_isolation_control_writes_refused_total", {"file": path.split("/")[-1]}
+        "gpushare_isolation_control_writes_refused_total",
+        {"node": NODE, "file": path.split("/")[-1]},
     )
     assert refused == 1.0
 

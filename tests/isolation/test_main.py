@@ -124,7 +124,7 @@ def test_the_agent_runs_on_mock_gpus_with_pods_found_in_proc(tmp_path):
         assert (control / "1" / CONTAINERD_ID / "pod").read_text() == "default/gputest\n"
         assert (control / "1" / CONTAINERD_ID / "memsize").read_text() == f"{3 << 30}\n"
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-        assert 'gpushare_isolation_gpu_policy{gpu="1"} 3.0' in metrics
+        assert 'gpushare_isolation_gpu_policy{gpu="1",node="kind-worker"} 3.0' in metrics
         assert "gpushare_isolation_memory_cap_bytes" in metrics
         smi = subprocess.run(
             [sys.executable, "-m", "isolation.smi", "--control-dir", str(control)],

@@ -11,10 +11,10 @@ marked in one patch.
 """
 
 import logging
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from deviceplugin.worker import Worker
 from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster import Cluster, Conflict, NotFound
@@ -69,26 +69,13 @@ def patch_allocation(cluster: Cluster, pod: Pod, change: AllocationChange) -> Po
     return None
 
 
-class AssignmentWriter:
+class AssignmentWriter(Worker):
     def __init__(self, cluster: Cluster, linger: float = LINGER) -> None:
+        super().__init__("assignment-writer")
         self._cluster = cluster
         self._linger = linger
-        self._cond = threading.Condition()
         self._todo: deque[tuple[Pod, str]] = deque()
         self._busy = False
-        self._stopped = False
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="assignment-writer", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
     def mark(self, pod: Pod, container: str) -> None:
         with self._cond:

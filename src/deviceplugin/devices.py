@@ -96,7 +96,6 @@ class DeviceCatalog:
         return None if parsed is None else self._by_key.get(parsed.gpu_key)
 
 
-
 def preferred_ids(
     catalog: DeviceCatalog,
     wanted: Sequence[tuple[int, int]],

@@ -291,9 +291,7 @@ class KubeletStandIn:
         if len(chosen) == needed:
             return chosen
         healthy = {i for i, h in self.devices(resource).items() if h == HEALTHY}
-        in_use = {
-            i for (uid, _, r), ids in self._allocated.items() if r == resource for i in ids
-        }
+        in_use = {i for (uid, _, r), ids in self._allocated.items() if r == resource for i in ids}
         available = sorted(healthy - in_use - set(chosen))
         missing = needed - len(chosen)
         if len(available) < missing:

@@ -2,9 +2,9 @@
 on every health change, retrying in the background while the API is away."""
 
 import logging
-import threading
 from typing import Final
 
+from deviceplugin.worker import Worker
 from gpushare.cluster import Cluster
 from gpushare.inventory import NODE_GPUS_ANNOTATION, Gpu, encode_gpus
 
@@ -13,26 +13,13 @@ log = logging.getLogger(__name__)
 RETRY: Final = 2.0
 
 
-class InventoryPublisher:
+class InventoryPublisher(Worker):
     def __init__(self, cluster: Cluster, node_name: str) -> None:
+        super().__init__("inventory")
         self._cluster = cluster
         self._node_name = node_name
-        self._cond = threading.Condition()
         self._wanted: str | None = None
         self._written: str | None = None
-        self._stopped = False
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="inventory", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
     def publish(self, gpus: tuple[Gpu, ...]) -> None:
         with self._cond:

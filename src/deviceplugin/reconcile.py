@@ -7,7 +7,6 @@ a plugin restart.
 """
 
 import logging
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from deviceplugin.journal import GrantJournal
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.podresources import holdings, list_pod_resources
 from deviceplugin.repair import Plan, Repair, plan
+from deviceplugin.worker import Worker
 from gpushare.allocation import PodAllocation
 from gpushare.cluster import Cluster, EventSeverity, ObjectRef
 from gpushare.objects import Pod
@@ -33,7 +33,7 @@ EVENT_REASON: Final = "GpuAllocationRepaired"
 FLUSH_TIMEOUT: Final = 5.0
 
 
-class Reconciler:
+class Reconciler(Worker):
     def __init__(
         self,
         socket: Path,
@@ -46,6 +46,7 @@ class Reconciler:
         interval: float = 60.0,
         ready: Callable[[], bool] = lambda: True,
     ) -> None:
+        super().__init__("reconciler", join_timeout=10)
         self.socket = socket
         self._queue = queue
         self._assignments = assignments
@@ -55,22 +56,8 @@ class Reconciler:
         self._metrics = metrics
         self._delay = delay
         self._interval = interval
-        self._cond = threading.Condition()
         self._due = time.monotonic()
-        self._stopped = False
         self._runs = 0
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
 
     def poke(self) -> None:
         """Reconcile `delay` seconds from now (or sooner if already due)."""

@@ -43,9 +43,7 @@ class Plan:
     """Grants the kubelet's records account for: no longer needed."""
 
 
-def plan(
-    holdings: Holdings, grants: list[Grant], allocations: Mapping[str, PodAllocation]
-) -> Plan:
+def plan(holdings: Holdings, grants: list[Grant], allocations: Mapping[str, PodAllocation]) -> Plan:
     by_ids = {(g.resource, g.device_ids): g for g in grants}
     settled: list[Grant] = []
     mismatched: dict[Holder, Grant] = {}

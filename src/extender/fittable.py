@@ -38,48 +38,85 @@ A plain tuple of strings, which the garbage collector stops tracking."""
 
 
 _PASSED, _RULE, _FAILED, _UNRESOLVABLE, _PRIORITY = (itemgetter(i) for i in range(5))
+_PRIORITY_AT = 4
 
 
-class Answers(NamedTuple):
-    """One request's entries for the candidate nodes, in the order given."""
+class Answers:
+    """One request's entries for the candidate nodes, in the order given, and the
+    JSON made of them, kept once made. The entries are never changed: a candidate
+    list asked again with no node changed gets the same object back, and one with
+    changed nodes gets a patched copy, which keeps what filter sends when only the
+    scores changed."""
 
-    entries: list[_Entry]
+    __slots__ = ("_made", "entries")
+
+    def __init__(self, entries: list[_Entry], scores_changed_only: "Answers | None" = None):
+        self.entries = entries
+        self._made: dict[str, object] = {}
+        if scores_changed_only is not None:
+            made = scores_changed_only._made
+            self._made = {key: value for key, value in made.items() if key != "priorities"}
 
     def passed_json(self) -> str:
         """The NodeNames array, as JSON."""
-        return "[" + ",".join(filter(None, map(_PASSED, self.entries))) + "]"
+        made = self._made.get("passed")
+        if made is None:
+            made = self._made["passed"] = (
+                "[" + ",".join(filter(None, map(_PASSED, self.entries))) + "]"
+            )
+        return made  # type: ignore[return-value]
 
     def passed(self) -> set[str]:
         return {json.loads(name) for name in filter(None, map(_PASSED, self.entries))}
 
     def refused(self) -> list[_Entry]:
-        return list(filter(_RULE, self.entries))
+        made = self._made.get("refused")
+        if made is None:
+            made = self._made["refused"] = list(filter(_RULE, self.entries))
+        return made  # type: ignore[return-value]
 
-    def failed_json(self, refused: list[_Entry]) -> str:
+    def failed_json(self) -> str:
         """The FailedNodes object, as JSON."""
-        return "{" + ",".join(filter(None, map(_FAILED, refused))) + "}"
+        made = self._made.get("failed")
+        if made is None:
+            made = self._made["failed"] = (
+                "{" + ",".join(filter(None, map(_FAILED, self.refused()))) + "}"
+            )
+        return made  # type: ignore[return-value]
 
-    def unresolvable_json(self, refused: list[_Entry]) -> str:
+    def unresolvable_json(self) -> str:
         """The FailedAndUnresolvableNodes object, as JSON."""
-        return "{" + ",".join(filter(None, map(_UNRESOLVABLE, refused))) + "}"
+        made = self._made.get("unresolvable")
+        if made is None:
+            made = self._made["unresolvable"] = (
+                "{" + ",".join(filter(None, map(_UNRESOLVABLE, self.refused()))) + "}"
+            )
+        return made  # type: ignore[return-value]
 
-    def rules(self, refused: list[_Entry]) -> Counter[str]:
-        return Counter(map(_RULE, refused))
+    def rules(self) -> dict[str, int]:
+        """How many nodes refused the pod, per rule."""
+        made = self._made.get("rules")
+        if made is None:
+            made = self._made["rules"] = dict(Counter(map(_RULE, self.refused())))
+        return made  # type: ignore[return-value]
 
     def priorities_json(self) -> str:
         """The HostPriorityList, as JSON."""
-        return "[" + ",".join(map(_PRIORITY, self.entries)) + "]"
+        made = self._made.get("priorities")
+        if made is None:
+            made = self._made["priorities"] = "[" + ",".join(map(_PRIORITY, self.entries)) + "]"
+        return made  # type: ignore[return-value]
 
 
 _RECENT = 4
 
 
 class _Lookup:
-    """A candidate list and its entries, with the names that changed since."""
+    """A candidate list and its answers, with the names that changed since."""
 
-    def __init__(self, names: list[str], entries: list[_Entry]) -> None:
+    def __init__(self, names: list[str], answers: Answers) -> None:
         self.names = names
-        self.entries = entries
+        self.answers = answers
         self.stale: set[str] = set()
         self.positions: dict[str, int] | None = None
 
@@ -103,17 +140,16 @@ class FitTable:
     def answers(self, names: list[str], evaluate: Callable[[str], NodeFit]) -> Answers:
         """Every node's entry, evaluating the nodes that have none yet."""
         for lookup in self._recent:
-            if lookup.names == names and self._refresh(lookup, evaluate):
-                # A copy: a later request patches the list while this answer is written.
-                return Answers(list(lookup.entries))
+            if (lookup.names is names or lookup.names == names) and self._refresh(lookup, evaluate):
+                return lookup.answers
         entries = list(map(self._entries.get, names))
-        if None in entries:
+        if not all(entries):  # entries are non-empty tuples; None marks a node to evaluate
             for i, entry in enumerate(entries):
                 if entry is None:
                     entries[i] = self._put(names[i], evaluate(names[i]))
-        lookup = _Lookup(names, entries)  # type: ignore[arg-type]
+        lookup = _Lookup(names, Answers(entries))  # type: ignore[arg-type]
         self._recent = [*self._recent, lookup][-_RECENT:]
-        return Answers(list(entries))  # type: ignore[arg-type]
+        return lookup.answers
 
     def _refresh(self, lookup: _Lookup, evaluate: Callable[[str], NodeFit]) -> bool:
         """Patches the entries of the nodes that changed; False when it cannot (the
@@ -121,14 +157,22 @@ class FitTable:
         if not lookup.stale:
             return True
         if lookup.positions is None:
-            lookup.positions = {name: i for i, name in enumerate(lookup.names)}
+            lookup.positions = dict(zip(lookup.names, range(len(lookup.names)), strict=False))
         if len(lookup.positions) != len(lookup.names):
             return False
-        for name in lookup.stale:
-            i = lookup.positions.get(name)
-            if i is not None:
-                lookup.entries[i] = self._entries.get(name) or self._put(name, evaluate(name))
+        changed = [
+            (i, name) for name in lookup.stale if (i := lookup.positions.get(name)) is not None
+        ]
         lookup.stale.clear()
+        if not changed:
+            return True
+        entries = list(lookup.answers.entries)
+        scores_only = True
+        for i, name in changed:
+            entry = self._entries.get(name) or self._put(name, evaluate(name))
+            scores_only = scores_only and entry[:_PRIORITY_AT] == entries[i][:_PRIORITY_AT]
+            entries[i] = entry
+        lookup.answers = Answers(entries, lookup.answers if scores_only else None)
         return True
 
     def _put(self, name: str, fit: NodeFit) -> _Entry:

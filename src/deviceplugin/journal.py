@@ -60,7 +60,7 @@ class GrantJournal:
         self._lock = threading.Lock()
         self._open: dict[CallKey, Grant] = {}
         self._answered: dict[CallKey, tuple[str, str]] = self._load()
-        self._unwritten: list[str] = []
+        self._unwritten: list[tuple[CallKey, str, str]] = []
         self._file: TextIOWrapper | None = None
         self._file_lock = threading.Lock()
 
@@ -77,14 +77,14 @@ class GrantJournal:
             self._open[grant.call] = grant
             self._answered[grant.call] = (grant.pod_uid, grant.container)
             if self._path is not None:
-                self._unwritten.append(_line(grant.call, grant.pod_uid, grant.container))
+                self._unwritten.append((grant.call, grant.pod_uid, grant.container))
 
     def write(self) -> None:
         """Appends the lines of the grants recorded since the last write."""
         with self._file_lock:
             with self._lock:
-                text = "".join(self._unwritten)
-                self._unwritten.clear()
+                unwritten, self._unwritten = self._unwritten, []
+            text = "".join(_line(*record) for record in unwritten)
             if text:
                 self._append(text)
 

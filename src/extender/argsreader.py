@@ -12,7 +12,8 @@ list object, which the cache then recognises by identity.
 Why this reads what a full parse reads: when `H}` parses as ExtenderArgs, that
 `}` closed the top-level object, so in the whole body X is the value of its last
 top-level member, which wins over any earlier NodeNames as in a full parse; and
-X is taken only as an array of ASCII strings, which both decoders read alike.
+X is taken only as an array of ASCII strings without \\u escapes, which both
+decoders read alike.
 Any body that does not fit (another layout, an error) takes the full parse,
 which alone decides errors and their messages.
 """
@@ -91,13 +92,15 @@ def _head(body: bytes, end: int) -> ExtenderArgs | None:
 
 def _names(value: bytes) -> list[str] | None:
     """A JSON array of strings, decoded as pydantic would; None for anything else.
-    json.loads takes lone surrogate escapes that pydantic refuses: only ASCII passes."""
+    json.loads takes lone surrogate escapes that pydantic refuses, so only ASCII
+    without \\u escapes is taken (node names are DNS names)."""
+    if not value.isascii() or b"\\u" in value:
+        return None
     try:
-        names = json.loads(value.decode())
-    except ValueError:
+        names = json.loads(value)
+        "".join(names)  # a TypeError unless every element is a string
+    except (ValueError, TypeError):
         return None
-    if type(names) is not list or not set(map(type, names)) <= {str}:
-        return None
-    if not "".join(names).isascii():
+    if type(names) is not list:
         return None
     return names

@@ -139,7 +139,8 @@ class FitTable:
 
     def answers(self, names: list[str], evaluate: Callable[[str], NodeFit]) -> Answers:
         """Every node's entry, evaluating the nodes that have none yet."""
-        for lookup in self._recent:
+        recent = sorted(self._recent, key=lambda lookup: lookup.names is not names)
+        for lookup in recent:  # the same list object first: no need to compare names
             if (lookup.names is names or lookup.names == names) and self._refresh(lookup, evaluate):
                 return lookup.answers
         entries = list(map(self._entries.get, names))

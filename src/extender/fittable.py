@@ -37,75 +37,95 @@ FailedNodes or for FailedAndUnresolvableNodes; `{"Host":"node","Score":n}`.
 A plain tuple of strings, which the garbage collector stops tracking."""
 
 
-_PASSED, _RULE, _FAILED, _UNRESOLVABLE, _PRIORITY = (itemgetter(i) for i in range(5))
-_PRIORITY_AT = 4
+_PASSED, _RULE, _FAILED, _UNRESOLVABLE, _PRIORITY = range(5)
+_PART = tuple(itemgetter(part) for part in range(5))
+_BLOCK = 128
+"""Entries per block: a changed node re-joins its block of fragments, and the answer
+joins the blocks."""
 
 
 class Answers:
     """One request's entries for the candidate nodes, in the order given, and the
     JSON made of them, kept once made. The entries are never changed: a candidate
     list asked again with no node changed gets the same object back, and one with
-    changed nodes gets a patched copy, which keeps what filter sends when only the
-    scores changed."""
+    changed nodes gets a patched copy, which re-joins only the blocks of fragments
+    where a node's fragment changed."""
 
-    __slots__ = ("_made", "entries")
+    __slots__ = ("_blocks", "_joined", "_rules", "entries")
 
-    def __init__(self, entries: list[_Entry], scores_changed_only: "Answers | None" = None):
+    def __init__(self, entries: list[_Entry]) -> None:
         self.entries = entries
-        self._made: dict[str, object] = {}
-        if scores_changed_only is not None:
-            made = scores_changed_only._made
-            self._made = {key: value for key, value in made.items() if key != "priorities"}
+        self._blocks: dict[int, list[str | None]] = {}
+        """Per part of an entry, each block's fragments joined (None: not yet)."""
+        self._joined: dict[int, str] = {}
+        self._rules: dict[str, int] | None = None
+
+    def patched(self, changes: list[tuple[int, _Entry]]) -> "Answers":
+        """A copy with entries replaced at these positions, keeping what they leave as it was."""
+        entries = list(self.entries)
+        olds = [entries[i] for i, _ in changes]
+        for i, entry in changes:
+            entries[i] = entry
+        copy = Answers(entries)
+        for part, blocks in self._blocks.items():
+            pairs = zip(changes, olds, strict=True)
+            moved = [i for (i, new), old in pairs if new[part] != old[part]]
+            if not moved:
+                copy._blocks[part] = blocks
+                if part in self._joined:
+                    copy._joined[part] = self._joined[part]
+                continue
+            copy._blocks[part] = list(blocks)
+            for i in moved:
+                copy._blocks[part][i // _BLOCK] = None
+        if self._rules is not None:
+            rules = dict(self._rules)
+            for (_, new), old in zip(changes, olds, strict=True):
+                for rule, step in ((old[_RULE], -1), (new[_RULE], 1)):
+                    if rule is not None:
+                        rules[rule] = rules.get(rule, 0) + step
+            copy._rules = {rule: count for rule, count in rules.items() if count}
+        return copy
+
+    def _json(self, part: int, opening: str, closing: str) -> str:
+        joined = self._joined.get(part)
+        if joined is not None:
+            return joined
+        entries = self.entries
+        blocks = self._blocks.get(part)
+        if blocks is None:
+            blocks = self._blocks[part] = [None] * -(-len(entries) // _BLOCK)
+        for b, block in enumerate(blocks):
+            if block is None:
+                fragments = map(_PART[part], entries[b * _BLOCK : (b + 1) * _BLOCK])
+                blocks[b] = ",".join(filter(None, fragments))
+        joined = self._joined[part] = opening + ",".join(filter(None, blocks)) + closing
+        return joined
 
     def passed_json(self) -> str:
         """The NodeNames array, as JSON."""
-        made = self._made.get("passed")
-        if made is None:
-            made = self._made["passed"] = (
-                "[" + ",".join(filter(None, map(_PASSED, self.entries))) + "]"
-            )
-        return made  # type: ignore[return-value]
+        return self._json(_PASSED, "[", "]")
 
     def passed(self) -> set[str]:
-        return {json.loads(name) for name in filter(None, map(_PASSED, self.entries))}
-
-    def refused(self) -> list[_Entry]:
-        made = self._made.get("refused")
-        if made is None:
-            made = self._made["refused"] = list(filter(_RULE, self.entries))
-        return made  # type: ignore[return-value]
+        return {json.loads(name) for name in filter(None, map(_PART[_PASSED], self.entries))}
 
     def failed_json(self) -> str:
         """The FailedNodes object, as JSON."""
-        made = self._made.get("failed")
-        if made is None:
-            made = self._made["failed"] = (
-                "{" + ",".join(filter(None, map(_FAILED, self.refused()))) + "}"
-            )
-        return made  # type: ignore[return-value]
+        return self._json(_FAILED, "{", "}")
 
     def unresolvable_json(self) -> str:
         """The FailedAndUnresolvableNodes object, as JSON."""
-        made = self._made.get("unresolvable")
-        if made is None:
-            made = self._made["unresolvable"] = (
-                "{" + ",".join(filter(None, map(_UNRESOLVABLE, self.refused()))) + "}"
-            )
-        return made  # type: ignore[return-value]
+        return self._json(_UNRESOLVABLE, "{", "}")
 
     def rules(self) -> dict[str, int]:
         """How many nodes refused the pod, per rule."""
-        made = self._made.get("rules")
-        if made is None:
-            made = self._made["rules"] = dict(Counter(map(_RULE, self.refused())))
-        return made  # type: ignore[return-value]
+        if self._rules is None:
+            self._rules = dict(Counter(filter(None, map(_PART[_RULE], self.entries))))
+        return self._rules
 
     def priorities_json(self) -> str:
         """The HostPriorityList, as JSON."""
-        made = self._made.get("priorities")
-        if made is None:
-            made = self._made["priorities"] = "[" + ",".join(map(_PRIORITY, self.entries)) + "]"
-        return made  # type: ignore[return-value]
+        return self._json(_PRIORITY, "[", "]")
 
 
 _RECENT = 4
@@ -167,13 +187,10 @@ class FitTable:
         lookup.stale.clear()
         if not changed:
             return True
-        entries = list(lookup.answers.entries)
-        scores_only = True
-        for i, name in changed:
-            entry = self._entries.get(name) or self._put(name, evaluate(name))
-            scores_only = scores_only and entry[:_PRIORITY_AT] == entries[i][:_PRIORITY_AT]
-            entries[i] = entry
-        lookup.answers = Answers(entries, lookup.answers if scores_only else None)
+        changes = [
+            (i, self._entries.get(name) or self._put(name, evaluate(name))) for i, name in changed
+        ]
+        lookup.answers = lookup.answers.patched(changes)
         return True
 
     def _put(self, name: str, fit: NodeFit) -> _Entry:

@@ -26,6 +26,10 @@ from gpushare.resources import GPU_CORE, GPU_COUNT
 log = logging.getLogger(__name__)
 
 
+Defer = Callable[[Callable[[], None]], None]
+"""Runs a step once the answer has been sent."""
+
+
 class AllocationRefused(Exception):
     """The call cannot be answered; the message goes back to the kubelet as is."""
 
@@ -66,7 +70,15 @@ class Allocator:
             request.allocation_size,
         )
 
-    def allocate(self, resource: str, device_ids: Sequence[str]) -> pb.ContainerAllocateResponse:
+    def allocate(
+        self, resource: str, device_ids: Sequence[str], defer: Defer | None = None
+    ) -> pb.ContainerAllocateResponse:
+        """The answer for one container. What can wait (the journal's file line,
+        waking the annotation writer and the reconciler, the log line) is handed to
+        `defer` to run once the answer has left (gRPC's end-of-call callback), or
+        done before returning without one. Those steps release the interpreter
+        (file writes) or wake threads that want it, and on a busy node the call
+        would then wait milliseconds to get it back."""
         started = time.perf_counter()
         if not device_ids:
             self._metrics.refused(resource, "no-devices")
@@ -86,7 +98,7 @@ class Allocator:
         matched = time.perf_counter() - started
         waiting = match.waiting
         response = container_response(resource, waiting, snapshot, self._backend)
-        self._journal.add(
+        self._journal.record(
             Grant(
                 resource,
                 frozenset(device_ids),
@@ -97,9 +109,9 @@ class Allocator:
             )
         )
         if match.complete and not match.reallocation:
-            self._assignments.mark(waiting.pod, waiting.container.name)
+            self._assignments.queue(waiting.pod, waiting.container.name)
         self._metrics.allocated(resource, matched)
-        log.info(
+        message = (
             "Allocate %d %s -> %s container %s on GPU %s%s",
             len(device_ids),
             resource,
@@ -108,7 +120,17 @@ class Allocator:
             ",".join(str(s.index) for s in waiting.container.gpus),
             " (asked again with the same IDs)" if match.reallocation else "",
         )
-        self._on_granted()
+
+        def after_answer() -> None:
+            self._journal.write()
+            self._assignments.wake()
+            log.info(*message)
+            self._on_granted()
+
+        if defer is None:
+            after_answer()
+        else:
+            defer(after_answer)
         return response
 
 

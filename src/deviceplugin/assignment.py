@@ -78,8 +78,18 @@ class AssignmentWriter(Worker):
         self._busy = False
 
     def mark(self, pod: Pod, container: str) -> None:
+        self.queue(pod, container)
+        self.wake()
+
+    def queue(self, pod: Pod, container: str) -> None:
+        """Marks the container without waking the thread (see wake())."""
         with self._cond:
             self._todo.append((pod, container))
+
+    def wake(self) -> None:
+        """Has the thread write what is queued. Allocate wakes it only once its answer
+        has left: a woken thread competes for the interpreter with the answer."""
+        with self._cond:
             self._cond.notify_all()
 
     def flush(self, timeout: float) -> bool:

@@ -60,13 +60,33 @@ class GrantJournal:
         self._lock = threading.Lock()
         self._open: dict[CallKey, Grant] = {}
         self._answered: dict[CallKey, tuple[str, str]] = self._load()
+        self._unwritten: list[tuple[CallKey, str, str]] = []
         self._file: TextIOWrapper | None = None
+        self._file_lock = threading.Lock()
 
     def add(self, grant: Grant) -> None:
+        """Records the grant and appends it to the file."""
+        self.record(grant)
+        self.write()
+
+    def record(self, grant: Grant) -> None:
+        """Records the grant in memory at once; its line reaches the file at the
+        next write(). Allocate answers first and writes after: a file write lets
+        other threads take the interpreter, and the call would wait for them."""
         with self._lock:
             self._open[grant.call] = grant
             self._answered[grant.call] = (grant.pod_uid, grant.container)
-            self._append(grant.call, grant.pod_uid, grant.container)
+            if self._path is not None:
+                self._unwritten.append((grant.call, grant.pod_uid, grant.container))
+
+    def write(self) -> None:
+        """Appends the lines of the grants recorded since the last write."""
+        with self._file_lock:
+            with self._lock:
+                unwritten, self._unwritten = self._unwritten, []
+            text = "".join(_line(*record) for record in unwritten)
+            if text:
+                self._append(text)
 
     def answered(self, resource: str, device_ids: Collection[str]) -> tuple[str, str] | None:
         """(pod UID, container) a call with exactly these IDs was answered for."""
@@ -86,7 +106,8 @@ class GrantJournal:
                 self._open.pop(grant.call, None)
 
     def close(self) -> None:
-        with self._lock:
+        self.write()
+        with self._file_lock:
             if self._file is not None:
                 self._file.close()
                 self._file = None
@@ -94,11 +115,12 @@ class GrantJournal:
     def keep_pods(self, uids: Collection[str]) -> None:
         """Forgets the answers of pods that are gone."""
         live = set(uids)
-        with self._lock:
+        with self._file_lock, self._lock:
             kept = {k: v for k, v in self._answered.items() if v[0] in live}
             if len(kept) == len(self._answered):
                 return
             self._answered = kept
+            self._unwritten.clear()  # the rewrite holds every answer kept
             self._rewrite()
 
     def _load(self) -> dict[CallKey, tuple[str, str]]:
@@ -114,13 +136,13 @@ class GrantJournal:
                 log.warning("skipping an unreadable line of %s", self._path)
         return answered
 
-    def _append(self, call: CallKey, uid: str, container: str) -> None:
+    def _append(self, text: str) -> None:
         if self._path is None:
             return
         try:
             if self._file is None:
                 self._file = self._path.open("a")
-            self._file.write(_line(call, uid, container))
+            self._file.write(text)
             self._file.flush()
         except OSError as err:
             log.warning("cannot record the answer in %s: %s", self._path, err)

@@ -10,7 +10,7 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
@@ -129,10 +129,17 @@ class _Service(pb_grpc.DevicePluginServicer):
         self, request: pb.AllocateRequest, context: grpc.ServicerContext
     ) -> pb.AllocateResponse:
         responses = []
+
+        def after_answer(step: Callable[[], None]) -> None:
+            if not context.add_callback(step):
+                step()  # the call has already ended
+
         for container in request.container_requests:
             try:
                 responses.append(
-                    self._server.allocator.allocate(self._resource, list(container.devices_ids))
+                    self._server.allocator.allocate(
+                        self._resource, list(container.devices_ids), after_answer
+                    )
                 )
             except AllocationRefused as refused:
                 log.warning("Allocate refused: %s", refused)

@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
 from extender import verbs, webhook
+from extender.argsreader import ExtenderArgsReader
 from extender.binder import Binder
 from extender.cache import SchedulerCache
 from extender.inspect import cluster_report, node_report
@@ -26,7 +27,6 @@ from extender.version import VERSION
 from extender.wire import (
     AdmissionReview,
     BindingArgs,
-    ExtenderArgs,
     PreemptionArgs,
     WireError,
     dumps,
@@ -54,14 +54,15 @@ class Extender:
         self.metrics = metrics
         self.scheduler_name = scheduler_name
         self.describe = describe
+        self.args_reader = ExtenderArgsReader()
 
     # The verbs, bytes in and bytes out, so the benchmark times exactly what HTTP serves.
 
     def filter(self, body: bytes) -> bytes:
-        return verbs.filter_nodes(self.cache, self.metrics, parse(ExtenderArgs, body))
+        return verbs.filter_nodes(self.cache, self.metrics, self.args_reader.read(body))
 
     def prioritize(self, body: bytes) -> bytes:
-        return verbs.prioritize_nodes(self.cache, parse(ExtenderArgs, body))
+        return verbs.prioritize_nodes(self.cache, self.args_reader.read(body))
 
     def bind(self, body: bytes) -> bytes:
         return dumps({"Error": self.binder.bind(parse(BindingArgs, body))})

@@ -33,10 +33,9 @@ def filter_nodes(cache: SchedulerCache, metrics: ExtenderMetrics, args: Extender
     with cache.lock:
         cache.observe(args.pod.metadata.uid or args.pod.key, request, policy)
         answers = cache.answers(request, policy, names)
-    refused = answers.refused()
-    for rule, count in answers.rules(refused).items():
+    for rule, count in answers.rules().items():
         metrics.filter_rejections.labels(rule).inc(count)
-    failed, unresolvable = answers.failed_json(refused), answers.unresolvable_json(refused)
+    failed, unresolvable = answers.failed_json(), answers.unresolvable_json()
     if args.node_names is not None:
         return _filter_answer("null", answers.passed_json(), failed, unresolvable)
     return _filter_answer(_echo(args, answers.passed()), "null", failed, unresolvable)

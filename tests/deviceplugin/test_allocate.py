@@ -257,3 +257,37 @@ def test_a_pod_placed_by_acks_scheduler_gets_the_uuid_of_its_gpu(make_rig):
     assert rig.cluster.get_pod("default", "ack").metadata.annotations[
         "ALIYUN_COM_GPU_MEM_ASSIGNED"
     ] == "true"
+
+
+def test_what_can_wait_runs_once_the_answer_has_left(make_rig):
+    rig = make_rig(layout="1x16GiB").start()
+    pod = rig.bind("later", [[0]], mem=2)
+    ids = sorted(rig.kubelet.devices(GPU_MEM))[:2]
+    grants = rig.kubelet.plugin_dir / "gpushare-grants.jsonl"
+    assert eventually(lambda: rig.plugin.queue.waiting(GPU_MEM))
+    steps = []
+
+    answer = rig.plugin.allocator.allocate(GPU_MEM, ids, steps.append)
+
+    assert answer.envs[POD] == pod.key
+    assert rig.plugin.journal.answered(GPU_MEM, ids) == (pod.metadata.uid, "main")
+    assert not grants.exists() or pod.metadata.uid not in grants.read_text()
+    assert not rig.plugin.assignments.flush(0.2)  # marked, but the writer not woken
+    assert not rig.allocation("later").assigned
+
+    [step] = steps
+    step()
+
+    assert pod.metadata.uid in grants.read_text()
+    assert rig.wait_assigned("later").assigned
+
+
+def test_over_grpc_the_grant_reaches_the_file_and_the_pod_is_marked(make_rig):
+    rig = make_rig(layout="1x16GiB").start()
+    pod = rig.bind("served", [[0]], mem=2)
+    [main] = rig.kubelet.admit(pod)
+    grants = rig.kubelet.plugin_dir / "gpushare-grants.jsonl"
+
+    assert eventually(lambda: grants.exists() and pod.metadata.uid in grants.read_text())
+    assert rig.wait_assigned("served").assigned
+    assert rig.plugin.journal.answered(GPU_MEM, main.device_ids[GPU_MEM])

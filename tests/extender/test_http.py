@@ -1,6 +1,7 @@
 """The HTTP surface: bad bodies are 4xx naming the field, readiness follows the sync,
 and the operational endpoints say what is going on."""
 
+import json
 import threading
 
 import httpx
@@ -164,3 +165,14 @@ def test_ready_only_after_the_first_full_sync():
         cluster.answer.set()
         server.stop()
         service.stop_watching()
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+def test_a_broken_pod_before_a_candidate_list_seen_before_is_a_400(running, verb):
+    client, _ = running
+    names = ',"NodeNames":["n"]}'
+    good = json.dumps({"Pod": pod_json(pod("p", mem=1)), "Nodes": None}, separators=(",", ":"))
+    assert client.post(f"{PREFIX}/{verb}", content=good[:-1] + names).status_code == 200
+    response = client.post(f"{PREFIX}/{verb}", content='{"Pod":{"metadata":{}}' + names)
+    assert response.status_code == 400, response.text
+    assert "Pod.metadata.name: Field required" in response.json()["Error"]

@@ -1,0 +1,91 @@
+"""The fast reader of filter and prioritize bodies reads exactly what the full model
+parse reads, for bodies it takes apart and for those it leaves to the full parse,
+the first time and when the candidate list is one it has seen."""
+
+import json
+
+import pytest
+
+from extender.argsreader import ExtenderArgsReader
+from extender.wire import ExtenderArgs, WireError, parse
+from tests.builders import pod
+from tests.extender.harness import pod_json
+
+POD = json.dumps(pod_json(pod("p", mem=1)), separators=(",", ":"))
+NAMES = json.dumps([f"node-{i:03d}" for i in range(50)], separators=(",", ":"))
+
+BODIES = [
+    # As kube-scheduler writes it (Go: compact, NodeNames last).
+    f'{{"Pod":{POD},"Nodes":null,"NodeNames":{NAMES}}}',
+    # As Python's json.dumps writes it.
+    json.dumps({"Pod": json.loads(POD), "Nodes": None, "NodeNames": json.loads(NAMES)}),
+    f'{{"Pod":{POD} , "NodeNames" :\n {NAMES} }}',
+    f'{{"Pod":{POD},"NodeNames":[]}}',
+    f'{{"NodeNames":{NAMES},"Pod":{POD}}}',  # NodeNames not last
+    f'{{"NodeNames":{NAMES}}}',
+    # Twice: the last one wins, in both readers.
+    f'{{"Pod":{POD},"NodeNames":["a"],"NodeNames":{NAMES}}}',
+    f'{{"Pod":{POD},"NodeNames":null,"NodeNames":{NAMES}}}',
+    f'{{"Pod":{POD},"NodeNames":{NAMES},"NodeNames":["a"]}}',
+    # Names the two JSON decoders could read differently are left to the full parse.
+    f'{{"Pod":{POD},"NodeNames":["n\\u00e9","\\u6771\\u4eac"]}}',
+    f'{{"Pod":{POD},"NodeNames":["a\\ud800"]}}',
+    f'{{"Pod":{POD},"NodeNames":[1,"a"]}}',
+    f'{{"Pod":{POD},"NodeNames":"a"}}',
+    f'{{"Pod":{POD},"NodeNames":["a",]}}',
+    f'{{"Pod":{POD},"NodeNames":[NaN]}}',
+    f'{{"Pod":{POD},"Nodes":{{"items":[{{"metadata":{{"name":"x"}}}}]}},"NodeNames":null}}',
+    # Broken heads before a good list.
+    f'{{"Pod":{{"metadata":{{}}}},"NodeNames":{NAMES}}}',
+    f'{{"Pod":{POD},,"NodeNames":{NAMES}}}',
+    f'{{,"NodeNames":{NAMES}}}',
+    f'{{"Pod":{POD}}},"NodeNames":{NAMES}}}',
+    f'{{"Pod":{{"metadata":{{"name":"p","annotations":{{"a":"\\",\\"NodeNames\\":[]}}"}}}}}},'
+    f'"NodeNames":{NAMES}}}',
+    f'{{"Pod":{POD},"NodeNames":{NAMES}}}\n',
+]
+
+
+def outcome(read, body: bytes) -> ExtenderArgs | str:
+    try:
+        return read(body)
+    except WireError as err:
+        return f"WireError: {err}"
+
+
+@pytest.mark.parametrize("body", [b.encode() for b in BODIES])
+def test_reads_what_the_full_parse_reads(body):
+    reader = ExtenderArgsReader()
+    expected = outcome(lambda b: parse(ExtenderArgs, b), body)
+    assert outcome(reader.read, body) == expected
+    assert outcome(reader.read, body) == expected  # its list now known, if it was taken
+
+
+@pytest.mark.parametrize("body", [b.encode() for b in BODIES])
+def test_a_known_list_under_any_head_reads_as_the_full_parse(body):
+    reader = ExtenderArgsReader()
+    for known in BODIES[:4]:
+        reader.read(known.encode())
+    assert outcome(reader.read, body) == outcome(lambda b: parse(ExtenderArgs, b), body)
+
+
+def test_a_list_seen_again_is_the_same_object():
+    reader = ExtenderArgsReader()
+    first = reader.read(BODIES[0].encode())
+    other_pod = json.dumps(pod_json(pod("q", mem=2)), separators=(",", ":"))
+    again = reader.read(f'{{"Pod":{other_pod},"Nodes":null,"NodeNames":{NAMES}}}'.encode())
+    assert again.node_names is first.node_names
+    assert again.pod.metadata.name == "q"
+
+
+def test_it_remembers_a_bounded_number_of_lists():
+    reader = ExtenderArgsReader(remembered=2)
+
+    def read(names: list[str]) -> list[str] | None:
+        body = json.dumps({"Pod": json.loads(POD), "NodeNames": names}).encode()
+        return reader.read(body).node_names
+
+    first = {name: read([name]) for name in "abc"}
+    assert read(["c"]) is first["c"]
+    again = read(["a"])
+    assert again == ["a"] and again is not first["a"]  # forgotten, decoded again

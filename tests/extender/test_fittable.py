@@ -1,0 +1,60 @@
+"""Answers patched node by node say exactly what answers built afresh say."""
+
+import random
+
+from extender.fittable import Answers
+
+RULES = ["insufficient-gpu-memory", "placement-mode", "too-many-pods"]
+
+
+def entry(rng: random.Random, name: str) -> tuple:
+    key = f'"{name}"'
+    score = rng.randrange(11)
+    if rng.random() < 0.5:
+        return (key, None, None, None, f'{{"Host":{key},"Score":{score}}}')
+    rule = rng.choice(RULES)
+    reason = f'{key}:"needs {rng.randrange(9)} GiB"'
+    unresolvable = rule == "placement-mode"
+    return (
+        None,
+        rule,
+        None if unresolvable else reason,
+        reason if unresolvable else None,
+        f'{{"Host":{key},"Score":0}}',
+    )
+
+
+def said(answers: Answers, parts: list[str]) -> dict[str, object]:
+    return {part: getattr(answers, part)() for part in parts}
+
+
+def test_patched_answers_match_fresh_ones():
+    rng = random.Random(7)
+    names = [f"n{i}" for i in range(700)]
+    answers = Answers([entry(rng, n) for n in names])
+    every = ["passed_json", "failed_json", "unresolvable_json", "rules", "priorities_json"]
+    for round_ in range(60):
+        # Ask for some parts only, so patches meet parts made and parts not yet made.
+        said(answers, rng.sample(every, rng.randrange(len(every) + 1)))
+        changes = [(i, entry(rng, names[i])) for i in rng.sample(range(len(names)), 1 + round_ % 4)]
+        answers = answers.patched(changes)
+        fresh = Answers(list(answers.entries))
+        assert said(answers, every) == said(fresh, every)
+    assert said(answers, every) == said(Answers(list(answers.entries)), every)
+
+
+def test_an_answer_already_given_is_not_changed_by_a_patch():
+    rng = random.Random(3)
+    names = [f"n{i}" for i in range(300)]
+    answers = Answers([entry(rng, n) for n in names])
+    every = ["passed_json", "failed_json", "unresolvable_json", "rules", "priorities_json"]
+    before = said(answers, every)
+    answers.patched([(i, entry(rng, names[i])) for i in range(0, 300, 7)])
+    assert said(answers, every) == before
+    assert said(Answers(list(answers.entries)), every) == before
+
+
+def test_no_candidates():
+    empty = Answers([])
+    assert (empty.passed_json(), empty.failed_json(), empty.priorities_json()) == ("[]", "{}", "[]")
+    assert empty.rules() == {}

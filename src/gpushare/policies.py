@@ -1,9 +1,13 @@
 """The placement policies the extender chooses from, by name.
 
 binpack fills the fullest GPU that fits (fewer GPUs touched, more whole GPUs left);
-spread picks the emptiest (less interference between pods).
+spread picks the emptiest (less interference between pods). The fragmentation-aware
+policies live in their own modules: bestfit (the FGD paper's packing baseline), fgd
+(the paper's policy).
 """
 
+from gpushare.bestfit import BestFitPolicy
+from gpushare.fgd import FgdPolicy
 from gpushare.labels import PlacementMode
 from gpushare.placement import Assignment, PlacementPolicy
 from gpushare.request import PodRequest
@@ -40,6 +44,8 @@ class SpreadPolicy(PlacementPolicy):
 POLICIES: dict[str, PlacementPolicy] = {
     BinpackPolicy.name: BinpackPolicy(),
     SpreadPolicy.name: SpreadPolicy(),
+    BestFitPolicy.name: BestFitPolicy(),
+    FgdPolicy.name: FgdPolicy(),
 }
 
 
@@ -48,7 +54,7 @@ def policy_named(name: str) -> PlacementPolicy:
         return POLICIES[name]
     except KeyError:
         raise ValueError(
-            f"unknown placement policy {name!r}; known: {', '.join(sorted(POLICIES))}"
+            f"unknown placement policy {name!r}; known: {', '.join(POLICIES)}"
         ) from None
 
 

@@ -1,0 +1,175 @@
+"""GPU fragmentation of a node against a target workload (Weng et al., ATC'23).
+
+For a node with free GPU amounts g_i (milli-GPU: the free fraction of each GPU),
+and a task t of the workload, f(t) is the free GPU the task could not use: the
+sum of g_i over the GPUs too full for it when it fits on the node, all of it
+(G = sum g_i) when it does not fit at all (too few GPUs with room, too little
+CPU, wrong GPU model) or needs no GPU. F = sum_t p_t f(t).
+
+Amounts are fractions of a GPU so nodes in GiB (Kubernetes) and in milli-GPU (the
+simulator) are judged alike; whether a task fits is decided in the node's own
+units. F depends only on the node's free resources, so it is memoised on them.
+"""
+
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gpushare.placement import Assignment
+from gpushare.state import GpuView, NodeView
+from gpushare.workload import MILLI, Workload
+
+Device = tuple[int, int, int, bool, bool]
+"""A GPU as fragmentation sees it: (free milli-GPU, memory free, compute free,
+whole, open). `whole`: free of pods (exclusive tasks need it); `open`: may take
+one more sharing pod."""
+
+MEMO_LIMIT = 500_000
+"""Memo entries kept before the memo starts over (bounds the extender's memory)."""
+
+
+def free_milli(mem_free: int, core_free: int, mem_total: int, core_total: int) -> int:
+    """The free fraction of a GPU in milli-GPU: the scarcer of memory and compute."""
+    if mem_total <= 0:
+        return 0
+    free = MILLI * mem_free // mem_total
+    if core_total > 0:
+        free = min(free, MILLI * core_free // core_total)
+    return max(free, 0)
+
+
+def device(gpu: GpuView) -> Device:
+    if not gpu.usable:
+        return (0, 0, 0, False, False)
+    return (
+        free_milli(gpu.mem_free, gpu.core_free, gpu.mem_total, gpu.core_total),
+        gpu.mem_free,
+        gpu.core_free,
+        gpu.whole,
+        gpu.slots > 0,
+    )
+
+
+def device_left(gpu: GpuView, mem_free: int, core_free: int) -> Device:
+    """The GPU once one more pod lands there, leaving (mem_free, core_free)."""
+    if mem_free <= 0 or not gpu.usable:
+        return (0, 0, 0, False, False)
+    return (
+        free_milli(mem_free, core_free, gpu.mem_total, gpu.core_total),
+        mem_free,
+        core_free,
+        False,
+        gpu.slots > 1,
+    )
+
+
+def devices(view: NodeView) -> list[Device]:
+    return [device(g) for g in view.gpus]
+
+
+def devices_after(view: NodeView, assignment: Assignment) -> list[Device]:
+    added = {index: (mem, core) for index, mem, core in assignment.added}
+    result = []
+    for gpu in view.gpus:
+        charge = added.get(gpu.index)
+        if charge is None:
+            result.append(device(gpu))
+        else:
+            result.append(device_left(gpu, gpu.mem_free - charge[0], gpu.core_free - charge[1]))
+    return result
+
+
+def cpu_after(view: NodeView, cpu_milli: int | None) -> int | None:
+    if view.cpu_free is None:
+        return None
+    return view.cpu_free - (cpu_milli or 0)
+
+
+def models(view: NodeView) -> frozenset[str]:
+    return frozenset(g.model for g in view.gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Tasks that fit on the same GPUs: one GPU test serves all of them."""
+
+    gpus: int
+    mem: int
+    core: int
+    exclusive: bool
+    fraction: bool
+    members: tuple[tuple[float, int | None, frozenset[str] | None], ...]
+    """(popularity, CPU, accepted models) of each task of the group."""
+
+    def fits(self, d: Device) -> bool:
+        if self.exclusive:
+            return d[3]
+        if not d[4]:
+            return False
+        if self.fraction:
+            return d[0] >= self.mem
+        return d[1] >= self.mem and d[2] >= self.core
+
+
+class Fragmentation:
+    """F of nodes for one target workload. Not thread-safe (the memo); the extender
+    serialises placement, and each simulator run has its own."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        grouped: dict[tuple[int, int, int, bool, bool], list] = {}
+        self._gpu_free_weight = 0.0
+        for shape, p in workload.tasks:
+            if shape.gpus == 0:
+                self._gpu_free_weight += p  # needs no GPU: all free GPU is fragment
+                continue
+            grouped.setdefault(shape.gpu_part, []).append((p, shape.cpu_milli, shape.gpu_spec))
+        self._groups = tuple(
+            _Group(*part, members=tuple(members)) for part, members in grouped.items()
+        )
+        self._cpu_steps = sorted(
+            {s.cpu_milli for s, _ in workload.tasks if s.cpu_milli is not None and s.gpus}
+        )
+        self._memo: dict[tuple[object, ...], float] = {}
+
+    def of_view(self, view: NodeView) -> float:
+        return self.of(models(view), view.cpu_free, devices(view))
+
+    def of(self, models: frozenset[str], cpu_free: int | None, devices: Iterable[Device]) -> float:
+        """F of a node with these GPU models, CPU left (None: not tracked) and GPUs."""
+        # Only which CPU requests of the workload still fit matters, not the exact amount.
+        cpu_step = None if cpu_free is None else bisect_right(self._cpu_steps, cpu_free)
+        ordered = tuple(sorted(devices))
+        key = (models, cpu_step, ordered)
+        value = self._memo.get(key)
+        if value is None:
+            if len(self._memo) >= MEMO_LIMIT:
+                self._memo.clear()
+            value = self._memo[key] = self._compute(models, cpu_free, ordered)
+        return value
+
+    def _compute(
+        self, models: frozenset[str], cpu_free: int | None, devices: Sequence[Device]
+    ) -> float:
+        total = sum(d[0] for d in devices)
+        if total == 0:
+            return 0.0
+        frag = self._gpu_free_weight * total
+        for group in self._groups:
+            fitting = 0
+            unusable = 0
+            for d in devices:
+                if group.fits(d):
+                    fitting += 1
+                else:
+                    unusable += d[0]
+            gpu_fits = fitting >= group.gpus
+            for p, cpu, spec in group.members:
+                fits = (
+                    gpu_fits
+                    and (cpu is None or cpu_free is None or cpu_free >= cpu)
+                    and (spec is None or models <= spec)
+                )
+                frag += p * (unusable if fits else total)
+        return frag
+

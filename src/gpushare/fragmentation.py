@@ -172,4 +172,3 @@ class Fragmentation:
                 )
                 frag += p * (unusable if fits else total)
         return frag
-

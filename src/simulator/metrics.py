@@ -10,7 +10,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from gpushare.fragmentation import Fragmentation
-
 from simulator.trace import PodClass, TracePod
 
 

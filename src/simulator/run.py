@@ -19,7 +19,6 @@ from gpushare.policies import POLICIES
 from gpushare.request import PodRequest
 from gpushare.state import NodeState
 from gpushare.workload import Workload
-
 from simulator.arrival import INFLATION, arrivals
 from simulator.metrics import BinMeans, Recorder
 from simulator.scheduler import Scheduler
@@ -53,13 +52,9 @@ class PolicyChoice:
     def parse(cls, text: str) -> "PolicyChoice":
         name, _, source = text.strip().partition("@")
         if name not in POLICIES:
-            raise ValueError(
-                f"unknown placement policy {name!r}; known: {', '.join(POLICIES)}"
-            )
+            raise ValueError(f"unknown placement policy {name!r}; known: {', '.join(POLICIES)}")
         if source not in ("", TRACE, LEARNED):
-            raise ValueError(
-                f"{text!r}: the workload after @ must be {TRACE!r} or {LEARNED!r}"
-            )
+            raise ValueError(f"{text!r}: the workload after @ must be {TRACE!r} or {LEARNED!r}")
         if source and not isinstance(POLICIES[name], WorkloadAwarePolicy):
             raise ValueError(f"{text!r}: policy {name} does not use a target workload")
         return cls(name, learned=source == LEARNED)

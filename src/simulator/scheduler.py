@@ -80,9 +80,7 @@ class Scheduler:
         if isinstance(result, Refusal):
             index.unfit.add(node)
             return
-        heapq.heappush(
-            index.heap, (-result.score, self._rank[node], state.version, node, result)
-        )
+        heapq.heappush(index.heap, (-result.score, self._rank[node], state.version, node, result))
 
     def _compact(self, index: _ShapeIndex) -> None:
         states = self._states

@@ -11,7 +11,7 @@ about, starting from a prior.
 
 import math
 from abc import abstractmethod
-from typing import Self
+from typing import ClassVar, Self
 
 from gpushare.fragmentation import (
     Device,
@@ -32,13 +32,16 @@ from gpushare.placement import (
 )
 from gpushare.request import PodRequest
 from gpushare.state import GpuView, NodeView
-from gpushare.workload import LearnedWorkload, TaskShape, Workload
+from gpushare.workload import COVERAGE, LearnedWorkload, TaskShape, Workload
 
 
 class WorkloadAwarePolicy(PlacementPolicy):
     """A policy that scores a placement by the node it leaves behind, judged against
-    a target workload. Construct with a workload to fix it; without one the policy
-    learns it from observe() (the extender's case)."""
+    a target workload. Construct with a workload distribution to fix it (the policy
+    keeps its most popular shapes, `coverage` of it); without one the policy learns
+    it from observe() (the extender's case)."""
+
+    coverage: ClassVar[float] = COVERAGE
 
     def __init__(self, workload: Workload | None = None) -> None:
         self._learner = LearnedWorkload() if workload is None else None
@@ -60,8 +63,12 @@ class WorkloadAwarePolicy(PlacementPolicy):
     def learns(self) -> bool:
         return self._learner is not None
 
-    def _use(self, workload: Workload) -> None:
-        self.fragmentation = Fragmentation(workload)
+    def target(self, distribution: Workload) -> Workload:
+        """The target workload judged against, from the distribution of pod shapes."""
+        return distribution.typical_part(self.coverage)
+
+    def _use(self, distribution: Workload) -> None:
+        self.fragmentation = Fragmentation(self.target(distribution))
 
     def observe(self, request: PodRequest) -> None:
         if self._learner is not None and self._learner.observe(TaskShape.of(request)):

@@ -90,6 +90,10 @@ class Workload:
             counts[shape] = counts.get(shape, 0.0) + 1.0
         return cls.typical(counts, coverage)
 
+    def typical_part(self, coverage: float = COVERAGE) -> "Workload":
+        """Its most popular shapes covering `coverage` of it, renormalised."""
+        return Workload.typical(dict(self.tasks), coverage)
+
     def distance(self, other: "Workload") -> float:
         """Total variation distance (0 = the same, 1 = nothing in common)."""
         mine, theirs = dict(self.tasks), dict(other.tasks)
@@ -130,9 +134,10 @@ class LearnedWorkload:
     """A decaying histogram of the pods seen, starting from a prior.
 
     Each pod counts 1 and every count decays with `half_life` pods, so the
-    distribution follows a changing workload. The typical workload is re-derived
-    every `check_every` pods and adopted only when it moved by more than `tolerance`
-    (total variation), so that scores cached under it stay valid most of the time.
+    distribution follows a changing workload. It is re-derived every `check_every`
+    pods and adopted (`current`) only when it moved by more than `tolerance` (total
+    variation), so that scores cached under it stay valid most of the time. Shapes
+    whose weight decays below a millionth of a pod are forgotten.
     """
 
     def __init__(
@@ -166,7 +171,7 @@ class LearnedWorkload:
             self._rescale()
         if self._seen % self._check_every:
             return False
-        candidate = Workload.typical(self._counts)
+        candidate = Workload.typical(self._counts, coverage=1.0)
         if candidate.distance(self.current) <= self._tolerance:
             return False
         self.current = candidate
@@ -174,5 +179,5 @@ class LearnedWorkload:
 
     def _rescale(self) -> None:
         unit = self._unit
-        self._counts = {s: w / unit for s, w in self._counts.items() if w / unit > 1e-9}
+        self._counts = {s: w / unit for s, w in self._counts.items() if w / unit > 1e-6}
         self._unit = 1.0

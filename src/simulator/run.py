@@ -18,7 +18,7 @@ from gpushare.placement import Assignment, PlacementPolicy, to_allocation
 from gpushare.policies import POLICIES
 from gpushare.request import PodRequest
 from gpushare.state import NodeState
-from gpushare.workload import Workload
+from gpushare.workload import COVERAGE, Workload
 from simulator.arrival import INFLATION, arrivals
 from simulator.metrics import BinMeans, Recorder
 from simulator.scheduler import Scheduler
@@ -59,14 +59,17 @@ class PolicyChoice:
             raise ValueError(f"{text!r}: policy {name} does not use a target workload")
         return cls(name, learned=source == LEARNED)
 
-    def policy(self, trace_workload: Workload) -> PlacementPolicy:
+    def policy(self, trace_distribution: Workload) -> PlacementPolicy:
         """The policy object for one run. Stateless policies are the registry's own
         objects; workload-aware ones are fresh objects of the registry's class, so
-        each run starts from the same knowledge."""
+        each run starts from the same knowledge: the trace's pod distribution (of
+        which each keeps the part it wants) or the prior it learns from."""
         registered = POLICIES[self.name]
         if not isinstance(registered, WorkloadAwarePolicy):
             return registered
-        return registered.learning() if self.learned else registered.with_workload(trace_workload)
+        if self.learned:
+            return registered.learning()
+        return registered.with_workload(trace_distribution)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +111,14 @@ class Ledger:
             free[i] -= pod.gpu_milli
 
 
+def distribution(trace: Trace) -> Workload:
+    """Every pod shape of the trace with its share of the pods."""
+    return Workload.of_requests((p.request() for p in trace.pods), coverage=1.0)
+
+
 def target_workload(trace: Trace) -> Workload:
-    """The trace's target workload M: the shapes covering 95% of its pods."""
-    return Workload.of_requests(p.request() for p in trace.pods)
+    """The trace's target workload M of §4: the shapes covering 95% of its pods."""
+    return distribution(trace).typical_part(COVERAGE)
 
 
 def simulate(
@@ -118,7 +126,7 @@ def simulate(
 ) -> RunResult:
     started = time.perf_counter()
     workload = target_workload(trace)
-    policy = choice.policy(workload)
+    policy = choice.policy(distribution(trace))
     arrival = arrivals(trace, seed, inflation)
     states = [NodeState(n.inventory()) for n in trace.nodes]
     ledger = Ledger(trace.nodes)

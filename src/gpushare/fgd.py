@@ -88,7 +88,9 @@ class WorkloadAwarePolicy(PlacementPolicy):
             return Placement(assignment, self.score(view, request, assignment))
         if not candidates:
             return None
+        node_models = models(view)
         before = devices(view)
+        baseline = self.waste(node_models, view.cpu_free, before)
         position = {g.index: pos for pos, g in enumerate(view.gpus)}
         cpu = cpu_after(view, request.cpu_milli)
         best: tuple[float, GpuView] | None = None
@@ -100,37 +102,45 @@ class WorkloadAwarePolicy(PlacementPolicy):
             tried.add(before[pos])
             after = list(before)
             after[pos] = device_left(gpu, mem_after, core_after)
-            value = self.judge(view, request, after, cpu)
+            value = self.rate(view, self.waste(node_models, cpu, after) - baseline)
             if best is None or value > best[0]:
                 best = (value, gpu)
         assert best is not None
         return Placement(slice_assignment(request, best[1]), best[0])
 
     def score(self, view: NodeView, request: PodRequest, assignment: Assignment) -> float:
-        after = devices_after(view, assignment)
-        return self.judge(view, request, after, cpu_after(view, request.cpu_milli))
+        node_models = models(view)
+        cpu = cpu_after(view, request.cpu_milli)
+        growth = self.waste(node_models, cpu, devices_after(view, assignment)) - self.waste(
+            node_models, view.cpu_free, devices(view)
+        )
+        return self.rate(view, growth)
 
     @abstractmethod
-    def judge(
-        self, view: NodeView, request: PodRequest, after: list[Device], cpu_left: int | None
-    ) -> float:
-        """Score (0..100, higher is better) of leaving the node with GPUs `after` and
-        `cpu_left` CPU (None: not tracked) once the pod is placed."""
+    def waste(self, models: frozenset[str], cpu_free: int | None, gpus: list[Device]) -> float:
+        """How much free GPU (milli-GPU) a node in this state leaves to waste, as the
+        policy reckons it against its target workload."""
+
+    @abstractmethod
+    def rate(self, view: NodeView, growth: float) -> float:
+        """Score (0..100, higher is better) of placing the pod on the node, given the
+        growth of its waste."""
 
 
 def sigmoid(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x))
 
 
+def fgd_score(growth: float) -> int:
+    """FGD's node score: floor(100 * sigmoid(-growth / 1000)), 0..99."""
+    return math.floor(100 * sigmoid(-growth / 1000))
+
+
 class FgdPolicy(WorkloadAwarePolicy):
     name = "fgd"
 
-    def judge(
-        self, view: NodeView, request: PodRequest, after: list[Device], cpu_left: int | None
-    ) -> float:
-        frag = self.fragmentation
-        node_models = models(view)
-        growth = frag.of(node_models, cpu_left, after) - frag.of(
-            node_models, view.cpu_free, devices(view)
-        )
-        return float(math.floor(100 * sigmoid(-growth / 1000)))
+    def waste(self, models: frozenset[str], cpu_free: int | None, gpus: list[Device]) -> float:
+        return self.fragmentation.of(models, cpu_free, gpus)
+
+    def rate(self, view: NodeView, growth: float) -> float:
+        return float(fgd_score(growth))

@@ -38,16 +38,22 @@ def free_milli(mem_free: int, core_free: int, mem_total: int, core_total: int) -
     return max(free, 0)
 
 
+_CLOSED: Device = (0, 0, 0, False, False)
+
+
 def device(gpu: GpuView) -> Device:
     if not gpu.usable:
-        return (0, 0, 0, False, False)
-    return (
-        free_milli(gpu.mem_free, gpu.core_free, gpu.mem_total, gpu.core_total),
-        gpu.mem_free,
-        gpu.core_free,
-        gpu.whole,
-        gpu.slots > 0,
-    )
+        return _CLOSED
+    mem_free, core_free = gpu.mem_free, gpu.core_free
+    # Inlined free_milli: this runs for every GPU of every node evaluated.
+    mem_total, core_total = gpu.mem_total, gpu.core_total
+    if mem_total <= 0:
+        free = 0
+    elif core_total > 0 and core_free * mem_total < mem_free * core_total:
+        free = MILLI * core_free // core_total
+    else:
+        free = MILLI * mem_free // mem_total
+    return (max(free, 0), mem_free, core_free, gpu.whole, gpu.slots > 0)
 
 
 def device_left(gpu: GpuView, mem_free: int, core_free: int) -> Device:
@@ -101,6 +107,30 @@ class _Group:
     members: tuple[tuple[float, int | None, frozenset[str] | None], ...]
     """(popularity, CPU, accepted models) of each task of the group."""
 
+    def copies(self, devices: Sequence[Device]) -> tuple[int, float]:
+        """How many copies of the task the GPUs hold at once, and the milli-GPU each
+        takes (averaged over the GPUs that would hold them)."""
+        fitting = [d for d in devices if self.fits(d)]
+        if self.exclusive:
+            return len(fitting) // self.gpus, float(MILLI * self.gpus)
+        if self.gpus > 1:  # one slice on each of several GPUs
+            each = sum(self._slice(d) for d in fitting) / len(fitting) if fitting else 0.0
+            return len(fitting) // self.gpus, each * self.gpus
+        count, amount = 0, 0.0
+        for d in fitting:
+            n = d[0] // self.mem if self.fraction else d[1] // self.mem
+            if self.core and not self.fraction:
+                n = min(n, d[2] // self.core)
+            count += n
+            amount += n * self._slice(d)
+        return count, (amount / count if count else 0.0)
+
+    def _slice(self, d: Device) -> float:
+        """milli-GPU one slice of the task takes on this GPU."""
+        if self.fraction:
+            return float(self.mem)
+        return self.mem * d[0] / d[1] if d[1] else 0.0
+
     def fits(self, d: Device) -> bool:
         if self.exclusive:
             return d[3]
@@ -131,6 +161,8 @@ class Fragmentation:
             {s.cpu_milli for s, _ in workload.tasks if s.cpu_milli is not None and s.gpus}
         )
         self._memo: dict[tuple[object, ...], float] = {}
+        self._copies: dict[tuple[Device, ...], tuple[tuple[int, float], ...]] = {}
+        self._stranded: dict[tuple[int, tuple[Device, ...]], float] = {}
 
     def of_view(self, view: NodeView) -> float:
         return self.of(models(view), view.cpu_free, devices(view))
@@ -147,6 +179,35 @@ class Fragmentation:
                 self._memo.clear()
             value = self._memo[key] = self._compute(models, cpu_free, ordered)
         return value
+
+    def stranded(self, cpu_free: int | None, devices: Iterable[Device]) -> float:
+        """Free GPU the CPU left cannot feed: sum over tasks t of p_t times the milli-GPU
+        of the copies of t the GPUs could hold beyond the floor(cpu / cpu_t) the CPU
+        can run. It looks past the next pod: a node whose CPU runs out before its GPUs
+        do strands them, though each task alone still fits. 0 where CPU is not tracked."""
+        if cpu_free is None:
+            return 0.0
+        ordered = tuple(sorted(devices))
+        key = (cpu_free, ordered)
+        value = self._stranded.get(key)
+        if value is not None:
+            return value
+        copies = self._copies.get(ordered)
+        if copies is None:
+            if len(self._copies) >= MEMO_LIMIT:
+                self._copies.clear()
+            copies = self._copies[ordered] = tuple(g.copies(ordered) for g in self._groups)
+        total = 0.0
+        for group, (count, each) in zip(self._groups, copies, strict=True):
+            if not count:
+                continue
+            for p, cpu, _ in group.members:
+                if cpu and cpu_free // cpu < count:
+                    total += p * (count - cpu_free // cpu) * each
+        if len(self._stranded) >= MEMO_LIMIT:
+            self._stranded.clear()
+        self._stranded[key] = total
+        return total
 
     def _compute(
         self, models: frozenset[str], cpu_free: int | None, devices: Sequence[Device]

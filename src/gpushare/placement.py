@@ -199,9 +199,7 @@ def search(view: NodeView, request: PodRequest, key: GpuKey) -> Assignment | Non
     return _Search(view, request, key).run()
 
 
-def slice_candidates(
-    view: NodeView, request: PodRequest
-) -> list[tuple[GpuView, int, int]] | None:
+def slice_candidates(view: NodeView, request: PodRequest) -> list[tuple[GpuView, int, int]] | None:
     """For a pod of one shared container on one GPU, every GPU it fits on (index order)
     with the memory and compute that GPU has left after it; None for other pods.
 
@@ -212,10 +210,9 @@ def slice_candidates(
     container = request.containers[0]
     if container.exclusive or container.gpus != 1:
         return None
-    probe = _Search(view, request, _no_key)
     candidates = []
-    for pos, gpu in enumerate(view.gpus):
-        after = probe._after(pos, container)
+    for gpu in view.gpus:
+        after = _alone(gpu, container, request.gpu_spec)
         if after is not None:
             candidates.append((gpu, *after))
     return candidates
@@ -227,8 +224,20 @@ def slice_assignment(request: PodRequest, gpu: GpuView) -> Assignment:
     return Assignment(gpus=((gpu.index,),), added=((gpu.index, container.mem, container.core),))
 
 
-def _no_key(gpu: GpuView, mem_after: int, core_after: int) -> tuple[int, ...]:
-    return (gpu.index,)
+def _alone(
+    gpu: GpuView, container: ContainerRequest, models: frozenset[str] | None
+) -> tuple[int, int] | None:
+    """Memory and compute free on a GPU the pod has not touched yet if the container
+    lands there, or None when it does not fit."""
+    if models is not None and gpu.model not in models:
+        return None
+    if container.exclusive:
+        return (0, 0) if gpu.whole else None
+    if not gpu.usable or gpu.slots < 1:
+        return None
+    if container.mem > gpu.mem_free or container.core > gpu.core_free:
+        return None
+    return gpu.mem_free - container.mem, gpu.core_free - container.core
 
 
 class _Search:
@@ -282,15 +291,11 @@ class _Search:
     def _after(self, pos: int, container: ContainerRequest) -> tuple[int, int] | None:
         """Memory and compute free on the GPU if the container lands there, or None."""
         gpu = self.gpus[pos]
+        if not self.touched[pos]:
+            return _alone(gpu, container, self.models)
         if self.models is not None and gpu.model not in self.models:
             return None
-        if container.exclusive:
-            if gpu.whole and not self.touched[pos]:
-                return 0, 0
-            return None
-        if not gpu.usable or self.exclusive[pos]:
-            return None
-        if not self.touched[pos] and gpu.slots < 1:
+        if container.exclusive or not gpu.usable or self.exclusive[pos]:
             return None
         if container.role.runs_with_apps:
             mem = max(self.run_mem[pos] + container.mem, self.init_mem[pos])

@@ -20,13 +20,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from gpushare.policies import OUR_POLICY
 from gpushare_cli.table import render
 from simulator.arrival import DEFAULT_SEEDS, INFLATION
 from simulator.report import summarise, table, to_json
 from simulator.run import PolicyChoice, RunResult, simulate
 from simulator.trace import Trace, TraceError, load
 
-DEFAULT_POLICIES = ("fgd", "bestfit")
+DEFAULT_POLICIES = (OUR_POLICY, "fgd", "bestfit")
 
 
 def default_trace_dir() -> Path:

@@ -1,0 +1,49 @@
+"""fgd-lookahead: FGD that looks past the next pod, and fills nodes already in use.
+
+FGD (fgd.py) scores a placement by how much the node's fragmentation F grows: the
+free GPU the next pod of the target workload could not use. Two things it does not
+see cost GPUs in the openb replay (PLACEMENT-BENCHMARK), and this policy adds them:
+
+* CPU that runs out before the GPUs do. F asks whether one more pod of each kind
+  fits; a node with four free GPUs and CPU for one more pod looks fine to it, yet
+  three of those GPUs will never be used. `Fragmentation.stranded` counts, per task
+  of the workload, the GPU its copies could fill beyond what the CPU left can feed.
+  Its growth is added to F's, weighted by CPU_WEIGHT.
+* Which of equally good nodes to use. Scores stay FGD's integer steps (coarse steps
+  make the scheduler fill the same nodes first, which measured better than finer
+  scores); among equal steps a node already running pods wins over an empty one, so
+  whole nodes stay free for multi-GPU pods.
+
+On Kubernetes nodes CPU is not tracked (the kube-scheduler checks it), so the
+stranding term is 0 and the policy is FGD with the occupied-node preference; GPU
+amounts are fractions of a GPU either way, so GiB and milli-GPU nodes compare.
+"""
+
+from typing import ClassVar
+
+from gpushare.fgd import WorkloadAwarePolicy, fgd_score
+from gpushare.fragmentation import Device
+from gpushare.state import NodeView
+
+OCCUPIED_BONUS = 0.5
+"""Added to the integer score of a node already running pods: wins ties, never a step."""
+
+
+class LookaheadFgdPolicy(WorkloadAwarePolicy):
+    name = "fgd-lookahead"
+    cpu_weight: ClassVar[float] = 0.15
+    """Weight of stranded-GPU growth against F's growth (0.1-0.25 measured best)."""
+
+    def waste(self, models: frozenset[str], cpu_free: int | None, gpus: list[Device]) -> float:
+        frag = self.fragmentation
+        return frag.of(models, cpu_free, gpus) + self.cpu_weight * frag.stranded(cpu_free, gpus)
+
+    def rate(self, view: NodeView, growth: float) -> float:
+        return fgd_score(growth) + (OCCUPIED_BONUS if occupied(view) else 0.0)
+
+
+def occupied(view: NodeView) -> bool:
+    """Something runs on the node: a GPU holds a pod, or (where tracked) CPU is taken."""
+    if any(not g.whole for g in view.gpus if g.healthy):
+        return True
+    return view.cpu_free is not None and view.cpu_free != view.cpu_total

@@ -10,9 +10,9 @@ see cost GPUs in the openb replay (PLACEMENT-BENCHMARK), and this policy adds th
   of the workload, the GPU its copies could fill beyond what the CPU left can feed.
   Its growth is added to F's, weighted by CPU_WEIGHT.
 * Which of equally good nodes to use. Scores stay FGD's integer steps (coarse steps
-  make the scheduler fill the same nodes first, which measured better than finer
-  scores); among equal steps a node already running pods wins over an empty one, so
-  whole nodes stay free for multi-GPU pods.
+  make the scheduler fill the same nodes first, which measured far better than
+  finer scores); among equal steps a node whose GPUs already hold pods wins over
+  one whose GPUs are all free, so whole nodes stay free for multi-GPU pods.
 
 On Kubernetes nodes CPU is not tracked (the kube-scheduler checks it), so the
 stranding term is 0 and the policy is FGD with the occupied-node preference; GPU
@@ -43,7 +43,5 @@ class LookaheadFgdPolicy(WorkloadAwarePolicy):
 
 
 def occupied(view: NodeView) -> bool:
-    """Something runs on the node: a GPU holds a pod, or (where tracked) CPU is taken."""
-    if any(not g.whole for g in view.gpus if g.healthy):
-        return True
-    return view.cpu_free is not None and view.cpu_free != view.cpu_total
+    """A GPU of the node holds a pod. (Counting CPU-only pods too measured no better.)"""
+    return any(not g.whole for g in view.gpus if g.healthy)

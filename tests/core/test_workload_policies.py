@@ -1,0 +1,119 @@
+"""The fragmentation-aware policies on Kubernetes nodes (GiB, CPU not tracked), through
+the same evaluate()/choose_node() the extender calls, and learning the workload online."""
+
+import pytest
+
+from gpushare.fgd import FgdPolicy
+from gpushare.fragmentation import Fragmentation
+from gpushare.lookahead import LookaheadFgdPolicy
+from gpushare.placement import Placement, PlacementCache, choose_node, evaluate, to_allocation
+from gpushare.policies import OUR_POLICY, POLICIES, policy_named
+from gpushare.state import NodeState
+from gpushare.workload import PRIOR, LearnedWorkload, TaskShape, Workload
+from tests.builders import T0, node_state, request
+
+# Learned on Kubernetes: shapes in GiB, no CPU.
+HALF_GPUS = Workload(((TaskShape(gpus=1, mem=8), 0.7), (TaskShape(gpus=1, exclusive=True), 0.3)))
+
+
+def place(state: NodeState, req, policy, key: str) -> Placement:
+    result = evaluate(state.view(), req, policy)
+    assert isinstance(result, Placement), result
+    state.add(key, to_allocation(req, result.assignment, state.inventory, T0))
+    return result
+
+
+def test_our_policy_is_registered_and_selectable_by_name():
+    assert OUR_POLICY == "fgd-lookahead"
+    assert isinstance(policy_named(OUR_POLICY), LookaheadFgdPolicy)
+    assert {"binpack", "spread", "bestfit", "fgd", "fgd-lookahead"} <= set(POLICIES)
+
+
+def test_gib_amounts_are_judged_as_fractions_of_the_gpu():
+    state = node_state("2x16GiB")
+    place(state, request(mem=10), FgdPolicy(HALF_GPUS), "a")
+    # GPU 0 has 6 of 16 GiB free = 375 milli-GPU; an 8 GiB pod cannot use it, a whole-GPU
+    # pod cannot either (not free of pods); GPU 1 (1000) fits both.
+    frag = Fragmentation(HALF_GPUS)
+    assert frag.of_view(state.view()) == pytest.approx(0.7 * 375 + 0.3 * 375)
+
+
+@pytest.mark.parametrize("policy", [FgdPolicy(HALF_GPUS), LookaheadFgdPolicy(HALF_GPUS)])
+def test_a_slice_completes_a_half_used_gpu_rather_than_opening_one(policy):
+    state = node_state("2x16GiB")
+    place(state, request(mem=8), policy, "a")
+    assert place(state, request(mem=8), policy, "b").assignment.gpus == ((0,),)
+    assert state.used(0)[0] == 16 and state.used(1)[0] == 0
+
+
+@pytest.mark.parametrize("name", ["fgd", "fgd-lookahead"])
+def test_choose_node_prefers_the_node_where_the_slice_fits_snugly(name):
+    policy = type(POLICIES[name])(HALF_GPUS)
+    half = node_state("2x16GiB", node="half")
+    place(half, request(mem=8), policy, "a")
+    empty = node_state("2x16GiB", node="empty")
+    # The empty node comes first, so only a better score can pick the other one.
+    choice = choose_node([empty.view(), half.view()], request(mem=8), lambda _: policy)
+    assert not isinstance(choice, dict) and choice.node == "half"
+
+
+def test_our_policy_prefers_a_node_in_use_over_an_equally_good_empty_one():
+    policy = LookaheadFgdPolicy(HALF_GPUS)
+    busy = node_state("4x16GiB", node="busy")
+    place(busy, request(count=1), policy, "whole")
+    empty = node_state("4x16GiB", node="empty")
+    req = request(count=1)
+    on_busy, on_empty = (evaluate(s.view(), req, policy) for s in (busy, empty))
+    assert isinstance(on_busy, Placement) and isinstance(on_empty, Placement)
+    assert on_busy.score > on_empty.score
+
+
+def test_the_registered_policies_start_from_the_prior_and_learn():
+    policy = LookaheadFgdPolicy()
+    assert policy.learns and policy.workload == PRIOR.typical_part(policy.coverage)
+    epoch = policy.epoch
+    for _ in range(400):
+        policy.observe(request(mem=4))
+    assert policy.epoch > epoch
+    shapes = dict(policy.workload.tasks)
+    assert shapes[TaskShape(gpus=1, mem=4)] > 0.5
+
+
+def test_a_new_epoch_makes_the_placement_cache_evaluate_again():
+    policy = LookaheadFgdPolicy()
+    cache = PlacementCache()
+    state = node_state("2x16GiB")
+    first = cache.evaluate(state, request(mem=4), policy)
+    assert cache.evaluate(state, request(mem=4), policy) is first
+    while policy.epoch == 0:
+        policy.observe(request(mem=4))
+    assert cache.evaluate(state, request(mem=4), policy) is not first
+
+
+def test_the_learned_workload_follows_a_change_and_forgets_the_old():
+    learned = LearnedWorkload(half_life=200, check_every=50)
+    small, large = TaskShape(gpus=1, mem=2), TaskShape(gpus=1, mem=12)
+    changes = sum(learned.observe(small) for _ in range(1000))
+    assert changes >= 1 and dict(learned.current.tasks)[small] > 0.9
+    for _ in range(2000):
+        learned.observe(large)
+    # Adopted within the tolerance (5% total variation) of the decayed histogram.
+    assert dict(learned.current.tasks).get(small, 0.0) < 0.06
+    assert dict(learned.current.tasks)[large] > 0.9
+
+
+def test_a_steady_workload_stops_changing_the_epoch():
+    learned = LearnedWorkload(check_every=100, tolerance=0.05)
+    shapes = [TaskShape(gpus=1, mem=m) for m in (2, 4, 8)]
+    changes = [learned.observe(shapes[i % 3]) for i in range(6000)]
+    assert sum(changes[:1000]) >= 1
+    assert sum(changes[3000:]) == 0
+
+
+def test_fixed_and_learning_copies_are_fresh_objects_of_the_same_class():
+    registered = POLICIES["fgd-lookahead"]
+    fixed = registered.with_workload(HALF_GPUS)  # type: ignore[attr-defined]
+    assert type(fixed) is type(registered) and fixed is not registered and not fixed.learns
+    fixed.observe(request(mem=4))
+    assert fixed.epoch == 0
+    assert registered.learning().learns  # type: ignore[attr-defined]

@@ -1,7 +1,7 @@
 """The headline plot: unallocated GPU % against arrived workload, one line per policy.
 
 The paper's Fig. 9(a): the median over seeds of each arrived-% bin. The left panel
-shows the whole run, the right one zooms in where the policies part (80-130%).
+shows the whole run, the right one zooms in where the policies part (90-130%).
 """
 
 from pathlib import Path
@@ -14,16 +14,19 @@ import matplotlib.pyplot as plt
 
 from simulator.report import PolicySummary
 
+ZOOM = (90, 130)
+"""Arrived-% range of the right panel: below it every policy places everything."""
+
 
 def plot(summaries: dict[str, PolicySummary], path: Path, title: str = "") -> None:
     figure, (whole, zoom) = plt.subplots(1, 2, figsize=(12, 4.5))
     for label, summary in summaries.items():
         bins, medians = summary.curve()
         whole.plot(bins, medians, label=label, linewidth=1.5)
-        near = [(b, m) for b, m in zip(bins, medians, strict=True) if b >= 80]
+        near = [(b, m) for b, m in zip(bins, medians, strict=True) if b >= ZOOM[0]]
         if near:
             zoom.plot(*zip(*near, strict=True), label=label, linewidth=1.5, marker=".")
-    for axes, (low, high) in ((whole, (0, 130)), (zoom, (80, 130))):
+    for axes, (low, high) in ((whole, (0, 130)), (zoom, ZOOM)):
         axes.set_xlim(low, high)
         axes.axvline(100, color="grey", linewidth=0.8, linestyle="--")
         axes.set_xlabel("arrived workload (% of GPU capacity)")

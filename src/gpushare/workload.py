@@ -134,16 +134,18 @@ class LearnedWorkload:
     """A decaying histogram of the pods seen, starting from a prior.
 
     Each pod counts 1 and every count decays with `half_life` pods, so the
-    distribution follows a changing workload. It is re-derived every `check_every`
-    pods and adopted (`current`) only when it moved by more than `tolerance` (total
-    variation), so that scores cached under it stay valid most of the time. Shapes
-    whose weight decays below a millionth of a pod are forgotten.
+    distribution follows a changing workload; the prior weighs `prior_weight` pods,
+    so the pods seen take over quickly. The distribution is re-derived at 8, 16, 32,
+    64 pods and then every `check_every` pods, and adopted (`current`) only when it
+    moved by more than `tolerance` (total variation), so that scores cached under
+    it stay valid most of the time. Shapes whose weight decays below a millionth of
+    a pod are forgotten.
     """
 
     def __init__(
         self,
         prior: Workload = PRIOR,
-        prior_weight: float = 50.0,
+        prior_weight: float = 10.0,
         half_life: float = 5000.0,
         check_every: int = 100,
         tolerance: float = 0.05,
@@ -169,13 +171,21 @@ class LearnedWorkload:
         self._seen += 1
         if self._unit > 1e12:
             self._rescale()
-        if self._seen % self._check_every:
+        if not self._due():
             return False
         candidate = Workload.typical(self._counts, coverage=1.0)
         if candidate.distance(self.current) <= self._tolerance:
             return False
         self.current = candidate
         return True
+
+    def _due(self) -> bool:
+        """Every `check_every` pods, and at 8, 16, 32, ... pods before that: the first
+        pods move the distribution most, and what is placed early stays."""
+        seen = self._seen
+        if seen < self._check_every:
+            return seen >= 8 and seen & (seen - 1) == 0
+        return seen % self._check_every == 0
 
     def _rescale(self) -> None:
         unit = self._unit

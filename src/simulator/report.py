@@ -130,7 +130,8 @@ def to_json(
             "failed_pods": s.failed(),
             "failed_pods_by_100": s.failed(by_100=True),
             "occupied_nodes": {
-                str(b): _rounded(s.mean_at(b, "occupied_nodes"), 1) for b in HEADLINE_BINS
+                str(b): _rounded(s.mean_at(b, "occupied_nodes"), 1)
+                for b in (*FRAG_BINS, *HEADLINE_BINS)
             },
             "pods_offered": statistics.mean(r.pods for r in s.runs),
             "wall_s": round(s.wall_s, 2),

@@ -9,7 +9,6 @@ occupied nodes (any CPU or GPU allocated).
 from collections import Counter
 from dataclasses import dataclass, field
 
-from gpushare.fragmentation import Fragmentation
 from simulator.trace import PodClass, TracePod
 
 
@@ -37,10 +36,8 @@ class BinMeans:
 class Recorder:
     capacity: int
     """milli-GPU of the cluster."""
-    fragmentation: Fragmentation
-    """Judges fragmentation against the trace's target workload."""
     node_frag: list[float]
-    """F of each node now."""
+    """F of each node now, against the trace's target workload."""
     arrived: int = 0
     placed: int = 0
     failed: Counter[PodClass] = field(default_factory=Counter)

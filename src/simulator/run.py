@@ -8,7 +8,6 @@ fails; nothing ever leaves.
 """
 
 import time
-from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -132,11 +131,7 @@ def simulate(
     ledger = Ledger(trace.nodes)
     scheduler = Scheduler(states, arrival.rank, policy)
     metric = Fragmentation(workload)
-    recorder = Recorder(
-        capacity=trace.capacity,
-        fragmentation=metric,
-        node_frag=[metric.of_view(s.view()) for s in states],
-    )
+    recorder = Recorder(trace.capacity, node_frag=[metric.of_view(s.view()) for s in states])
     requests: dict[TracePod, PodRequest] = {}
     epochs = {policy.epoch}
     for number, pod in enumerate(arrival.pods):
@@ -145,11 +140,11 @@ def simulate(
             request = requests[pod] = pod.request()
         policy.observe(request)
         epochs.add(policy.epoch)
-        choice_ = scheduler.choose(request)
-        if choice_ is None:
+        picked = scheduler.choose(request)
+        if picked is None:
             recorder.offered(pod, None, None)
             continue
-        node, placement = choice_
+        node, placement = picked
         ledger.apply(node, pod, placement.assignment)
         state = states[node]
         allocation = to_allocation(request, placement.assignment, state.inventory, BOUND_AT)
@@ -167,7 +162,3 @@ def simulate(
         epochs=len(epochs),
         wall_s=time.perf_counter() - started,
     )
-
-
-def failed_total(result: RunResult) -> int:
-    return sum(Counter(result.failed).values())

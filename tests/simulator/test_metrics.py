@@ -2,7 +2,6 @@
 
 import pytest
 
-from gpushare.fragmentation import Fragmentation
 from simulator.metrics import Recorder
 from simulator.run import PolicyChoice, simulate, target_workload
 from simulator.trace import PodClass
@@ -70,9 +69,7 @@ def test_the_recorder_bins_events_by_rounded_arrival():
 
     share = TracePod("s", 1000, 1024, 1, 500, None)
     whole = TracePod("w", 1000, 1024, 1, 1000, None)
-    recorder = Recorder(
-        capacity=1000, fragmentation=Fragmentation(target_workload_stub()), node_frag=[0.0]
-    )
+    recorder = Recorder(capacity=1000, node_frag=[0.0])
     recorder.offered(share, 0, 250.0)  # arrived 50%, placed 500, F = 250
     recorder.offered(whole, None, None)  # arrived 150%, failed
     bins = recorder.bins()
@@ -83,12 +80,6 @@ def test_the_recorder_bins_events_by_rounded_arrival():
     )
     assert bins[150].unallocated_pct == 50.0 and bins[150].occupied_nodes == 1
     assert recorder.failed == {PodClass.GPU1: 1} and recorder.failed_by_100 == {}
-
-
-def target_workload_stub():
-    from gpushare.workload import TaskShape, Workload
-
-    return Workload(((TaskShape(gpus=1, mem=500, core=500), 1.0),))
 
 
 def test_the_default_trace_target_workload_has_35_shapes():

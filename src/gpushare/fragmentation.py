@@ -131,6 +131,24 @@ class _Group:
             return float(self.mem)
         return self.mem * d[0] / d[1] if d[1] else 0.0
 
+    def after_one(self, d: Device) -> Device:
+        """The GPU once one slice of the task (a single-GPU sharing task) lands on it.
+        Amounts shrink in proportion (a Device carries no totals); whether the GPU
+        still takes a pod after this one is taken to be whether memory is left."""
+        free, mem, core = d[0], d[1], d[2]
+        if self.fraction:
+            free_left = free - self.mem
+            mem_left = mem * free_left // free if free else 0
+            core_left = core * free_left // free if free else 0
+        else:
+            mem_left, core_left = mem - self.mem, core - self.core
+            free_left = free * mem_left // mem if mem else 0
+            if self.core and core:
+                free_left = min(free_left, free * core_left // core)
+        if mem_left <= 0:
+            return _CLOSED
+        return (max(free_left, 0), mem_left, max(core_left, 0), False, True)
+
     def fits(self, d: Device) -> bool:
         if self.exclusive:
             return d[3]
@@ -160,9 +178,18 @@ class Fragmentation:
         self._cpu_steps = sorted(
             {s.cpu_milli for s, _ in workload.tasks if s.cpu_milli is not None and s.gpus}
         )
+        # expected_next depends on the CPU left only through which tasks fit and, after
+        # each, which CPU step F sees: these are the thresholds that matter.
+        task_cpus = {s.cpu_milli or 0 for s, _ in workload.tasks if s.gpus}
+        self._next_steps = sorted(
+            task_cpus
+            | set(self._cpu_steps)
+            | {c + step for c in task_cpus for step in self._cpu_steps}
+        )
         self._memo: dict[tuple[object, ...], float] = {}
         self._copies: dict[tuple[Device, ...], tuple[tuple[int, float], ...]] = {}
         self._stranded: dict[tuple[int, tuple[Device, ...]], float] = {}
+        self._next: dict[tuple[object, ...], float] = {}
 
     def of_view(self, view: NodeView) -> float:
         return self.of(models(view), view.cpu_free, devices(view))
@@ -208,6 +235,64 @@ class Fragmentation:
             self._stranded.clear()
         self._stranded[key] = total
         return total
+
+    def expected_next(
+        self, models: frozenset[str], cpu_free: int | None, devices: Iterable[Device]
+    ) -> float:
+        """F after one more pod, drawn from the workload, lands on the node: the mean over
+        tasks t (weighted p_t) of F once t is placed where it leaves F lowest, or of F
+        as it is where t does not fit. A placement that leaves room the next pods will
+        likely fill scores better than one whose leftovers wait for rare shapes.
+        Pods without GPUs and multi-GPU sharing pods (rare) count as not changing F."""
+        cpu_step = None if cpu_free is None else bisect_right(self._next_steps, cpu_free)
+        ordered = tuple(sorted(devices))
+        key = (models, cpu_step, ordered)
+        value = self._next.get(key)
+        if value is not None:
+            return value
+        base = self.of(models, cpu_free, ordered)
+        total = self._gpu_free_weight * base
+        for group in self._groups:
+            afters = self._afters(group, ordered)
+            for p, cpu, spec in group.members:
+                fits = (
+                    bool(afters)
+                    and (cpu is None or cpu_free is None or cpu_free >= cpu)
+                    and (spec is None or models <= spec)
+                )
+                if not fits:
+                    total += p * base
+                    continue
+                cpu_left = None if cpu_free is None else cpu_free - (cpu or 0)
+                total += p * min(self.of(models, cpu_left, after) for after in afters)
+        if len(self._next) >= MEMO_LIMIT:
+            self._next.clear()
+        self._next[key] = total
+        return total
+
+    def _afters(self, group: _Group, ordered: tuple[Device, ...]) -> list[list[Device]]:
+        """The node's GPUs after each distinct way one copy of the task could land: none
+        where it cannot, nor for multi-GPU sharing tasks (not modelled)."""
+        if group.exclusive:
+            whole = [i for i, d in enumerate(ordered) if d[3]]
+            if len(whole) < group.gpus:
+                return []
+            after = list(ordered)
+            for i in whole[: group.gpus]:  # whole GPUs of a node are alike
+                after[i] = _CLOSED
+            return [after]
+        if group.gpus != 1:
+            return []
+        afters = []
+        tried: set[Device] = set()
+        for i, d in enumerate(ordered):
+            if d in tried or not group.fits(d):
+                continue
+            tried.add(d)
+            after = list(ordered)
+            after[i] = group.after_one(d)
+            afters.append(after)
+        return afters
 
     def _compute(
         self, models: frozenset[str], cpu_free: int | None, devices: Sequence[Device]

@@ -5,7 +5,7 @@ import pytest
 
 from gpushare.bestfit import BestFitPolicy
 from gpushare.fgd import FgdPolicy
-from gpushare.fragmentation import Fragmentation, free_milli
+from gpushare.fragmentation import Fragmentation, devices, free_milli, models
 from gpushare.placement import Placement, evaluate, to_allocation
 from gpushare.state import NodeState
 from gpushare.workload import TaskShape, Workload
@@ -47,6 +47,26 @@ def test_fragmentation_counts_what_each_task_cannot_use():
     assert frag.of_view(loaded(cpu=2500).view()) == pytest.approx(
         0.5 * 300 + 0.3 * 900 + 0.2 * 1900
     )
+
+
+def test_expected_next_is_f_after_the_next_pod_lands_where_it_leaves_f_lowest():
+    frag = Fragmentation(WORKLOAD)
+    # GPUs free 1000, 300, 600; 2500 CPU; F = .5*300 + .3*900 + .2*1900 = 800.
+    # Next 500-slice (1 CPU): on the 1000 GPU F = .5*300 + .3*1400 + .2*1400 = 850, on
+    # the 600 GPU 900: 850. Next whole GPU (2 CPUs): 500 CPU left, F = 900. CPU-only: 800.
+    assert frag.expected_next(*parts(loaded(cpu=2500))) == pytest.approx(
+        0.5 * 850 + 0.3 * 900 + 0.2 * 800
+    )
+    # With 1500 CPU (same GPUs, asked of the same memo): the slice leaves 500 CPU, too
+    # little for anything (F = 1400); the whole-GPU pod does not fit: F stays 1100.
+    assert frag.expected_next(*parts(loaded(cpu=1500))) == pytest.approx(
+        0.5 * 1400 + 0.3 * 1100 + 0.2 * 1100
+    )
+
+
+def parts(state: NodeState):
+    view = state.view()
+    return models(view), view.cpu_free, devices(view)
 
 
 def test_a_full_node_has_no_fragmentation_and_a_wrong_model_is_all_fragment():

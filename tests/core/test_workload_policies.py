@@ -4,7 +4,7 @@ the same evaluate()/choose_node() the extender calls, and learning the workload 
 import pytest
 
 from gpushare.fgd import FgdPolicy
-from gpushare.fragmentation import Fragmentation
+from gpushare.fragmentation import Fragmentation, devices, models
 from gpushare.lookahead import LookaheadFgdPolicy
 from gpushare.placement import Placement, PlacementCache, choose_node, evaluate, to_allocation
 from gpushare.policies import OUR_POLICY, POLICIES, policy_named
@@ -55,6 +55,33 @@ def test_choose_node_prefers_the_node_where_the_slice_fits_snugly(name):
     # The empty node comes first, so only a better score can pick the other one.
     choice = choose_node([empty.view(), half.view()], request(mem=8), lambda _: policy)
     assert not isinstance(choice, dict) and choice.node == "half"
+
+
+def test_our_policy_leaves_the_hole_the_next_popular_pod_fills_exactly():
+    # Pods of 5 and 11 GiB, equally common, on 16 GiB GPUs; GPU 0 holds 3 GiB (13 free),
+    # GPU 1 is empty. For an 11 GiB pod FGD takes GPU 0 (F lowest now), leaving 2 GiB
+    # nobody uses; looking one pod ahead, ours takes GPU 1 and leaves 5 GiB there, just
+    # what the popular 5 GiB pod needs (and GPU 0 keeps room for two of them).
+    workload = Workload(((TaskShape(gpus=1, mem=5), 0.5), (TaskShape(gpus=1, mem=11), 0.5)))
+    chosen = {}
+    for policy in (FgdPolicy(workload), LookaheadFgdPolicy(workload)):
+        state = node_state("2x16GiB")
+        place(state, request(mem=3), policy, "small")
+        assert state.used(0)[0] == 3
+        chosen[policy.name] = place(state, request(mem=11), policy, "next").assignment.gpus
+    assert chosen == {"fgd": ((0,),), "fgd-lookahead": ((1,),)}
+
+
+def test_expected_next_on_kubernetes_nodes_with_the_priors_fractions():
+    # The prior's shapes are fractions of a GPU: 500 milli of a 16 GiB GPU is 8 GiB.
+    half = Workload(((TaskShape(gpus=1, mem=500, fraction=True), 1.0),))
+    frag = Fragmentation(half)
+    state = node_state("1x16GiB")
+    place(state, request(mem=4), FgdPolicy(half), "a")
+    view = state.view()
+    # 12 GiB free (750): a half fits, leaving 4 GiB (250) that no half can use.
+    assert frag.of_view(view) == 0
+    assert frag.expected_next(models(view), None, devices(view)) == pytest.approx(250)
 
 
 def test_our_policy_prefers_a_node_in_use_over_an_equally_good_empty_one():

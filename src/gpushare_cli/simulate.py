@@ -166,6 +166,18 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.inflation <= 10:
         print("gpushare simulate: --inflation must be in (0, 10]", file=sys.stderr)
         return 2
+    if args.plot is not None and args.plot.suffix.lower() != ".png":
+        print(
+            f"gpushare simulate: --plot {args.plot}: the plot is a PNG, name it *.png",
+            file=sys.stderr,
+        )
+        return 2
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        problem = _unwritable(path) if path else None
+        if problem:
+            # Said now, not after minutes of simulation.
+            print(f"gpushare simulate: {flag} {path}: {problem}", file=sys.stderr)
+            return 2
     try:
         trace = load(args.nodes, args.pods)
     except TraceError as err:
@@ -195,16 +207,32 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(render(header, rows))
     print(f"\n{len(jobs)} runs in {wall:.1f} s wall")
-    if args.json:
-        document = to_json(trace, args.nodes, args.pods, ordered, args.inflation, wall)
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
-        print(f"results: {args.json}")
-    if args.plot:
-        from simulator.plot import plot  # matplotlib loads only when a plot is asked for
+    try:
+        if args.json:
+            document = to_json(trace, args.nodes, args.pods, ordered, args.inflation, wall)
+            args.json.write_text(json.dumps(document, indent=2) + "\n")
+            print(f"results: {args.json}")
+        if args.plot:
+            from simulator.plot import plot  # matplotlib loads only when a plot is asked for
 
-        plot(ordered, args.plot, title=f"{trace.source}, seeds {_seed_text(args.seeds)}")
-        print(f"plot: {args.plot}")
+            plot(ordered, args.plot, title=f"{trace.source}, seeds {_seed_text(args.seeds)}")
+            print(f"plot: {args.plot}")
+    except OSError as err:
+        print(f"gpushare simulate: cannot write {err.filename}: {err.strerror}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why a results file cannot be written there, or None."""
+    if path.is_dir():
+        return "is a directory"
+    folder = path.parent
+    if not folder.is_dir():
+        return f"folder {folder} does not exist"
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return "not writable"
+    return None
 
 
 def _seed_text(seeds: Sequence[int]) -> str:

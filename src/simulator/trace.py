@@ -149,9 +149,22 @@ def _rows(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str
                     f"{path}: missing column(s) {', '.join(missing)}; "
                     f"the openb format needs {', '.join(columns)}"
                 )
-            return [(number, row) for number, row in enumerate(reader, start=2)]
+            rows = []
+            for row in reader:
+                # A short row leaves None values, a long one a None key: both are rows
+                # the format does not allow, and would otherwise pass as empty fields.
+                if None in row or None in row.values():
+                    size = "more" if None in row else "fewer"
+                    raise TraceError(
+                        f"{path}:{reader.line_num}: the row has {size} fields than the "
+                        f"header's {len(reader.fieldnames or ())}"
+                    )
+                rows.append((reader.line_num, row))
+            return rows
     except OSError as err:
         raise TraceError(f"cannot read trace file {path}: {err.strerror}") from err
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise TraceError(f"{path}: not a CSV file in UTF-8: {err}") from err
 
 
 def _int(path: Path, number: int, row: dict[str, str], column: str) -> int:

@@ -144,3 +144,41 @@ def test_fixed_and_learning_copies_are_fresh_objects_of_the_same_class():
     fixed.observe(request(mem=4))
     assert fixed.epoch == 0
     assert registered.learning().learns  # type: ignore[attr-defined]
+
+
+def test_what_our_policy_learns_online_changes_where_it_places():
+    def eleven_gib_goes_to(policy: LookaheadFgdPolicy):
+        state = node_state("2x16GiB")
+        place(state, request(mem=3), policy, "small")
+        assert state.used(0)[0] == 3
+        return place(state, request(mem=11), policy, "big").assignment.gpus
+
+    policy = LookaheadFgdPolicy()
+    # The prior expects many whole-GPU pods: keep GPU 1 free of pods.
+    assert eleven_gib_goes_to(policy) == ((0,),)
+    for i in range(300):  # the extender's filter observes every pod it is asked about
+        policy.observe(request(mem=5 if i % 2 else 11))
+    # Only 5 and 11 GiB pods come: leave GPU 1 with the 5 GiB the next one needs.
+    assert eleven_gib_goes_to(policy) == ((1,),)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize(
+    "req",
+    [request(mem=4), request(mem=6, core=30), request(count=1), request(count=2)],
+    ids=["4GiB", "6GiB+30%", "1 GPU", "2 GPUs"],
+)
+def test_every_registered_policy_places_on_kubernetes_nodes(name, req):
+    policy = POLICIES[name]
+    busy = node_state("4x16GiB", node="busy", mode="core_mem")
+    place(busy, request(mem=10), policy, "a")
+    place(busy, request(mem=6), policy, "b")
+    nodes = [busy.view(), node_state("2x16GiB", node="small", mode="core_mem").view()]
+    choice = choose_node(nodes, req, lambda _: policy)
+    assert not isinstance(choice, dict), choice
+    view = {v.name: v for v in nodes}[choice.node]
+    # The placement fits the node it chose.
+    added = {index: (mem, core) for index, mem, core in choice.placement.assignment.added}
+    for gpu in view.gpus:
+        mem, core = added.get(gpu.index, (0, 0))
+        assert mem <= gpu.mem_free and core <= gpu.core_free

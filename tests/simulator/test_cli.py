@@ -2,6 +2,7 @@
 JSON, plot."""
 
 import json
+import os
 
 import pytest
 
@@ -31,6 +32,21 @@ def test_seed_lists_and_ranges_parse():
     assert build_parser().parse_args(["simulate"]).seeds == list(range(42, 52))
 
 
+def test_defaults_are_our_policy_and_the_references_on_all_cores():
+    args = build_parser().parse_args(["simulate"])
+    assert [c.label for c in args.policies] == ["fgd-lookahead", "fgd", "bestfit"]
+    assert args.workers == (os.cpu_count() or 1)
+    assert args.json is None and args.plot is None
+
+
+def test_a_progress_bar_counts_the_runs(small, capsys):
+    nodes, pods = small
+    flags = ["--nodes", str(nodes), "--pods", str(pods), "--policies", "bestfit"]
+    assert main(["simulate", *flags, "--seeds", "42-43", "--workers", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "2/2" in err and "bestfit seed" in err
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -52,6 +68,36 @@ def test_a_missing_trace_file_is_reported(capsys, tmp_path):
     code = main(["simulate", "--nodes", str(tmp_path / "none.csv"), "--no-progress"])
     assert code == 2
     assert "cannot read trace file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--json", "{tmp}/absent/r.json"], "--json {tmp}/absent/r.json: folder"),
+        (["--json", "{tmp}"], "is a directory"),
+        (["--plot", "{tmp}/absent/r.png"], "--plot {tmp}/absent/r.png: folder"),
+        (["--plot", "{tmp}/r.svg"], "the plot is a PNG"),
+    ],
+)
+def test_output_files_that_cannot_be_written_are_refused_before_the_run(
+    capsys, tmp_path, flags, message
+):
+    argv = [f.format(tmp=tmp_path) for f in flags]
+    code = main(["simulate", *argv, "--nodes", str(tmp_path / "none.csv"), "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_malformed_trace_row_is_one_line_naming_file_and_line(capsys, small, tmp_path):
+    nodes, _ = small
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np1,1000,1024\n")
+    code = main(["simulate", "--nodes", str(nodes), "--pods", str(pods), "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"gpushare simulate: {pods}:2: the row has fewer fields than the header's 6"
 
 
 def test_a_run_prints_the_table_and_writes_json_and_plot(small, tmp_path, capsys):

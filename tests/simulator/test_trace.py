@@ -75,3 +75,18 @@ def test_a_gpu_share_out_of_range_is_refused(tmp_path):
 def test_a_missing_file_is_a_trace_error(tmp_path):
     with pytest.raises(TraceError, match="cannot read trace file"):
         load(tmp_path / "nope.csv", tmp_path / "nope2.csv")
+
+
+@pytest.mark.parametrize(("row", "size"), [("n1,1,1,1", "fewer"), ("n1,1,1,1,T4,extra", "more")])
+def test_a_row_of_the_wrong_length_is_named_with_its_line(tmp_path, row, size):
+    nodes, pods = write(tmp_path, [("n1", 1, 1, 1, "T4")], [("p", 1, 1, 1, 10, "")])
+    nodes.write_text(f"sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,1,T4\n{row}\n")
+    with pytest.raises(TraceError, match=rf"nodes.csv:3: the row has {size} fields"):
+        load(nodes, pods)
+
+
+def test_a_file_that_is_not_utf8_text_is_a_trace_error(tmp_path):
+    nodes, pods = write(tmp_path, [("n1", 1, 1, 1, "T4")], [("p", 1, 1, 1, 10, "")])
+    pods.write_bytes(b"\xff\xfe\x00\x01binary")
+    with pytest.raises(TraceError, match=r"pods\.csv: not a CSV file in UTF-8"):
+        load(nodes, pods)

@@ -43,10 +43,10 @@ class LookaheadFgdPolicy(WorkloadAwarePolicy):
 
     next_weight: ClassVar[float] = 0.5
     """Weight of the expected change of F from the next pod. Up to 2.5 all measured
-    better than 0 on the openb replay, 2 best; but above 0.71 a slice would rather open
-    a GPU than complete a half-used one (scores compare changes, and a fresh node's F
-    is expected to grow with its next pod), and 3 or more collapses. 0.5 keeps the
-    plain cases right."""
+    better than 0 on the openb replay, 2 best, 3 or more collapse; but from about 1
+    a slice would rather open a fresh GPU than complete a half-used one (two half
+    GPUs have a high F that the next pod is expected to lower, which then looks like
+    progress). 0.5 keeps the plain cases right."""
 
     def waste(self, models: frozenset[str], cpu_free: int | None, gpus: list[Device]) -> float:
         frag = self.fragmentation

@@ -51,6 +51,11 @@ class PodAllocation(_Frozen):
     node: str
     bound_at: datetime = Field(alias="boundAt")
     containers: tuple[ContainerAllocation, ...]
+    cpu_milli: int | None = Field(default=None, exclude=True)
+    """Host CPU the pod holds where the node tracks it (the simulator). Not written to
+    the annotation: on Kubernetes the kube-scheduler accounts CPU and memory."""
+    memory_mib: int | None = Field(default=None, exclude=True)
+    """Host memory the pod holds where the node tracks it; not written either."""
 
     @property
     def assigned(self) -> bool:

@@ -41,6 +41,11 @@ class Rule(StrEnum):
     JOB_TYPE_MIXING = "job-type-mixing"
     NO_JOINT_FIT = "containers-do-not-fit-together"
     NODE_UNKNOWN = "node-unknown"
+    # Rules about host resources and GPU models, checked where the node tracks them
+    # (the simulator; on Kubernetes the kube-scheduler checks CPU and memory itself).
+    INSUFFICIENT_CPU = "insufficient-cpu"
+    INSUFFICIENT_HOST_MEMORY = "insufficient-host-memory"
+    GPU_MODEL = "gpu-model-mismatch"
 
     @property
     def resolvable(self) -> bool:
@@ -55,6 +60,7 @@ _UNRESOLVABLE = frozenset(
         Rule.TOO_FEW_GPUS,
         Rule.GPU_TOO_SMALL,
         Rule.NODE_UNKNOWN,
+        Rule.GPU_MODEL,
     }
 )
 

@@ -42,6 +42,11 @@ class NodeGpus:
     placement: PlacementMode
     gpus: tuple[Gpu, ...]
     max_pods_per_gpu: int = DEFAULT_MAX_PODS_PER_GPU
+    cpu_milli: int | None = None
+    """Host CPU capacity in milli-cores where placement tracks it (the simulator);
+    None on Kubernetes nodes, whose CPU the kube-scheduler accounts."""
+    memory_mib: int | None = None
+    """Host memory capacity in MiB where placement tracks it; None otherwise."""
 
     @property
     def total_mem(self) -> int:

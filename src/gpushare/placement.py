@@ -103,6 +103,12 @@ def check_node(view: NodeView, request: PodRequest) -> Refusal | None:
             f"node {view.name} is in mode {view.mode}, which does not isolate compute; "
             f"{GPU_CORE} needs a node labelled {LABEL_SCHEDULE}=core_mem",
         )
+    if request.tracks_host:
+        host = _check_host(view, request)
+        if host is not None:
+            return host
+    if not request.containers:
+        return None
     if not view.gpus:
         return Refusal(
             Rule.TOO_FEW_GPUS,
@@ -121,6 +127,31 @@ def check_node(view: NodeView, request: PodRequest) -> Refusal | None:
         return Refusal(
             Rule.UNHEALTHY_GPUS,
             f"node {view.name} has {healthy} healthy GPUs; the pod needs {needed}",
+        )
+    return None
+
+
+def _check_host(view: NodeView, request: PodRequest) -> Refusal | None:
+    """CPU, host memory and GPU model, where both the node and the pod track them."""
+    cpu, free_cpu = request.cpu_milli, view.cpu_free
+    if cpu is not None and free_cpu is not None and free_cpu < cpu:
+        return Refusal(
+            Rule.INSUFFICIENT_CPU,
+            f"the pod needs {cpu} milli-CPU; node {view.name} has {free_cpu} left",
+        )
+    memory, free_memory = request.memory_mib, view.memory_free
+    if memory is not None and free_memory is not None and free_memory < memory:
+        return Refusal(
+            Rule.INSUFFICIENT_HOST_MEMORY,
+            f"the pod needs {memory} MiB of host memory; node {view.name} has "
+            f"{free_memory} MiB left",
+        )
+    spec = request.gpu_spec
+    if spec is not None and request.containers and not any(g.model in spec for g in view.gpus):
+        models = ", ".join(sorted({g.model for g in view.gpus})) or "none"
+        return Refusal(
+            Rule.GPU_MODEL,
+            f"the pod accepts GPU models {', '.join(sorted(spec))}; node {view.name} has {models}",
         )
     return None
 
@@ -168,10 +199,52 @@ def search(view: NodeView, request: PodRequest, key: GpuKey) -> Assignment | Non
     return _Search(view, request, key).run()
 
 
+def slice_candidates(view: NodeView, request: PodRequest) -> list[tuple[GpuView, int, int]] | None:
+    """For a pod of one shared container on one GPU, every GPU it fits on (index order)
+    with the memory and compute that GPU has left after it; None for other pods.
+
+    Policies that weigh each GPU (FGD) choose from these instead of taking the
+    search's first; the fit rule is the search's own."""
+    if len(request.containers) != 1:
+        return None
+    container = request.containers[0]
+    if container.exclusive or container.gpus != 1:
+        return None
+    candidates = []
+    for gpu in view.gpus:
+        after = _alone(gpu, container, request.gpu_spec)
+        if after is not None:
+            candidates.append((gpu, *after))
+    return candidates
+
+
+def slice_assignment(request: PodRequest, gpu: GpuView) -> Assignment:
+    """The assignment of a pod of one shared container to one of its slice_candidates."""
+    container = request.containers[0]
+    return Assignment(gpus=((gpu.index,),), added=((gpu.index, container.mem, container.core),))
+
+
+def _alone(
+    gpu: GpuView, container: ContainerRequest, models: frozenset[str] | None
+) -> tuple[int, int] | None:
+    """Memory and compute free on a GPU the pod has not touched yet if the container
+    lands there, or None when it does not fit."""
+    if models is not None and gpu.model not in models:
+        return None
+    if container.exclusive:
+        return (0, 0) if gpu.whole else None
+    if not gpu.usable or gpu.slots < 1:
+        return None
+    if container.mem > gpu.mem_free or container.core > gpu.core_free:
+        return None
+    return gpu.mem_free - container.mem, gpu.core_free - container.core
+
+
 class _Search:
     def __init__(self, view: NodeView, request: PodRequest, key: GpuKey) -> None:
         self.gpus = view.gpus
         self.containers = request.containers
+        self.models = request.gpu_spec
         self.key = key
         size = len(view.gpus)
         # The pod's own charge so far on each GPU position.
@@ -218,13 +291,11 @@ class _Search:
     def _after(self, pos: int, container: ContainerRequest) -> tuple[int, int] | None:
         """Memory and compute free on the GPU if the container lands there, or None."""
         gpu = self.gpus[pos]
-        if container.exclusive:
-            if gpu.whole and not self.touched[pos]:
-                return 0, 0
+        if not self.touched[pos]:
+            return _alone(gpu, container, self.models)
+        if self.models is not None and gpu.model not in self.models:
             return None
-        if not gpu.usable or self.exclusive[pos]:
-            return None
-        if not self.touched[pos] and gpu.slots < 1:
+        if container.exclusive or not gpu.usable or self.exclusive[pos]:
             return None
         if container.role.runs_with_apps:
             mem = max(self.run_mem[pos] + container.mem, self.init_mem[pos])
@@ -354,7 +425,13 @@ def to_allocation(
                 exclusive=container.exclusive,
             )
         )
-    return PodAllocation(node=inventory.node, bound_at=bound_at, containers=tuple(containers))
+    return PodAllocation(
+        node=inventory.node,
+        bound_at=bound_at,
+        containers=tuple(containers),
+        cpu_milli=request.cpu_milli,
+        memory_mib=request.memory_mib,
+    )
 
 
 class PlacementCache:

@@ -1,10 +1,16 @@
 """The placement policies the extender chooses from, by name.
 
 binpack fills the fullest GPU that fits (fewer GPUs touched, more whole GPUs left);
-spread picks the emptiest (less interference between pods).
+spread picks the emptiest (less interference between pods). The fragmentation-aware
+policies live in their own modules: bestfit (the FGD paper's packing baseline), fgd
+(the paper's policy) and fgd-lookahead (ours: FGD plus CPU look-ahead and a preference
+for nodes in use; it leaves fewer GPUs unallocated, see docs/placement.md).
 """
 
+from gpushare.bestfit import BestFitPolicy
+from gpushare.fgd import FgdPolicy
 from gpushare.labels import PlacementMode
+from gpushare.lookahead import LookaheadFgdPolicy
 from gpushare.placement import Assignment, PlacementPolicy
 from gpushare.request import PodRequest
 from gpushare.state import GpuView, NodeView
@@ -40,7 +46,13 @@ class SpreadPolicy(PlacementPolicy):
 POLICIES: dict[str, PlacementPolicy] = {
     BinpackPolicy.name: BinpackPolicy(),
     SpreadPolicy.name: SpreadPolicy(),
+    BestFitPolicy.name: BestFitPolicy(),
+    FgdPolicy.name: FgdPolicy(),
+    LookaheadFgdPolicy.name: LookaheadFgdPolicy(),
 }
+
+OUR_POLICY = LookaheadFgdPolicy.name
+"""The fragmentation-aware policy this project recommends (and `gpushare simulate` runs first)."""
 
 
 def policy_named(name: str) -> PlacementPolicy:
@@ -48,7 +60,7 @@ def policy_named(name: str) -> PlacementPolicy:
         return POLICIES[name]
     except KeyError:
         raise ValueError(
-            f"unknown placement policy {name!r}; known: {', '.join(sorted(POLICIES))}"
+            f"unknown placement policy {name!r}; known: {', '.join(POLICIES)}"
         ) from None
 
 

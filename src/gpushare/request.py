@@ -75,6 +75,13 @@ class ContainerRequest:
 @dataclass(frozen=True)
 class PodRequest:
     containers: tuple[ContainerRequest, ...]
+    cpu_milli: int | None = None
+    """Host CPU the pod needs, where the node tracks it (the simulator); None on
+    Kubernetes, where the kube-scheduler accounts CPU itself."""
+    memory_mib: int | None = None
+    """Host memory the pod needs, where the node tracks it; None otherwise."""
+    gpu_spec: frozenset[str] | None = None
+    """GPU models the pod accepts; None for any model."""
 
     @cached_property
     def job_type(self) -> JobType:
@@ -84,9 +91,19 @@ class PodRequest:
         return JobType.MEMORY_CORE if any(c.core for c in shared) else JobType.MEMORY
 
     @cached_property
-    def shape(self) -> tuple[tuple[ContainerRole, int, int, int, bool], ...]:
-        """The request without names: equal shapes fit equally, so results can be cached."""
-        return tuple((c.role, c.gpus, c.mem, c.core, c.exclusive) for c in self.containers)
+    def shape(self) -> tuple[object, ...]:
+        """The request without names: equal shapes fit equally, so results can be cached.
+
+        One entry per container, then the host requirements when any is set."""
+        containers = tuple((c.role, c.gpus, c.mem, c.core, c.exclusive) for c in self.containers)
+        if self.tracks_host:
+            return (*containers, (self.cpu_milli, self.memory_mib, self.gpu_spec))
+        return containers
+
+    @property
+    def tracks_host(self) -> bool:
+        """True when the request carries CPU, host memory or a GPU model constraint."""
+        return not (self.cpu_milli is None and self.memory_mib is None and self.gpu_spec is None)
 
     @property
     def uses_core(self) -> bool:

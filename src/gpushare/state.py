@@ -49,6 +49,12 @@ class NodeView:
     gpus: tuple[GpuView, ...]
     job_types: frozenset[JobType] = frozenset()
     """Job types of the pods already sharing GPUs on this node."""
+    cpu_total: int | None = None
+    """Host CPU in milli-cores where tracked (the simulator); None on Kubernetes nodes."""
+    cpu_free: int | None = None
+    memory_total: int | None = None
+    """Host memory in MiB where tracked; None on Kubernetes nodes."""
+    memory_free: int | None = None
 
     @property
     def mem_total(self) -> int:
@@ -81,6 +87,8 @@ class NodeState:
         self.pods: dict[str, PodAllocation] = {}
         self._loads = {gpu.index: _GpuLoad() for gpu in inventory.gpus}
         self._job_types: Counter[JobType] = Counter()
+        self.cpu_used = 0
+        self.memory_used = 0
         self._changed()
 
     @property
@@ -102,6 +110,8 @@ class NodeState:
             if index in exclusive:
                 load.exclusive_pod = pod_key
         self._job_types[allocation.job_type] += 1
+        self.cpu_used += allocation.cpu_milli or 0
+        self.memory_used += allocation.memory_mib or 0
         self._changed()
 
     def remove(self, pod_key: str) -> PodAllocation | None:
@@ -120,6 +130,8 @@ class NodeState:
         self._job_types[allocation.job_type] -= 1
         if not self._job_types[allocation.job_type]:
             del self._job_types[allocation.job_type]
+        self.cpu_used -= allocation.cpu_milli or 0
+        self.memory_used -= allocation.memory_mib or 0
         self._changed()
         return allocation
 
@@ -174,7 +186,15 @@ class NodeState:
             placement=inventory.placement,
             gpus=tuple(gpus),
             job_types=shared,
+            cpu_total=inventory.cpu_milli,
+            cpu_free=_left(inventory.cpu_milli, self.cpu_used),
+            memory_total=inventory.memory_mib,
+            memory_free=_left(inventory.memory_mib, self.memory_used),
         )
+
+
+def _left(capacity: int | None, used: int) -> int | None:
+    return None if capacity is None else max(capacity - used, 0)
 
 
 @dataclass(frozen=True, slots=True)

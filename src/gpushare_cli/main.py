@@ -5,7 +5,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from gpushare_cli import demo
+from gpushare_cli import demo, simulate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo.register(commands)
+    simulate.register(commands)
     return parser
 
 

@@ -1,0 +1,146 @@
+"""FGD: fragmentation gradient descent (Weng et al., USENIX ATC'23), and the base of
+the policies that judge a placement by the fragmentation it leaves.
+
+FGD places a pod where the node's fragmentation F (fragmentation.py) grows least:
+score = floor(100 * sigmoid(-dF / 1000)). A pod of one shared slice tries every
+GPU it fits on and keeps the best (ties: lowest index); other pods take the
+least-sufficient GPUs. The target workload is fixed (the simulator gives it the
+trace's, as the paper did) or learned online from the pods the extender is asked
+about, starting from a prior.
+"""
+
+import math
+from abc import abstractmethod
+from typing import ClassVar, Self
+
+from gpushare.fragmentation import (
+    Device,
+    Fragmentation,
+    cpu_after,
+    device_left,
+    devices,
+    devices_after,
+    models,
+)
+from gpushare.placement import (
+    Assignment,
+    Placement,
+    PlacementPolicy,
+    search,
+    slice_assignment,
+    slice_candidates,
+)
+from gpushare.request import PodRequest
+from gpushare.state import GpuView, NodeView
+from gpushare.workload import COVERAGE, LearnedWorkload, TaskShape, Workload
+
+
+class WorkloadAwarePolicy(PlacementPolicy):
+    """A policy that scores a placement by the node it leaves behind, judged against
+    a target workload. Construct with a workload distribution to fix it (the policy
+    keeps its most popular shapes, `coverage` of it); without one the policy learns
+    it from observe() (the extender's case)."""
+
+    coverage: ClassVar[float] = COVERAGE
+
+    def __init__(self, workload: Workload | None = None) -> None:
+        self._learner = LearnedWorkload() if workload is None else None
+        self._use(workload if workload is not None else self._learner.current)  # type: ignore[union-attr]
+
+    def with_workload(self, workload: Workload) -> Self:
+        """A fresh policy of the same kind with a fixed target workload."""
+        return type(self)(workload=workload)
+
+    def learning(self) -> Self:
+        """A fresh policy of the same kind that learns the workload from its prior."""
+        return type(self)()
+
+    @property
+    def workload(self) -> Workload:
+        return self.fragmentation.workload
+
+    @property
+    def learns(self) -> bool:
+        return self._learner is not None
+
+    def target(self, distribution: Workload) -> Workload:
+        """The target workload judged against, from the distribution of pod shapes."""
+        return distribution.typical_part(self.coverage)
+
+    def _use(self, distribution: Workload) -> None:
+        self.fragmentation = Fragmentation(self.target(distribution))
+
+    def observe(self, request: PodRequest) -> None:
+        if self._learner is not None and self._learner.observe(TaskShape.of(request)):
+            self._use(self._learner.current)
+            self.epoch += 1
+
+    def gpu_key(self, gpu: GpuView, mem_after: int, core_after: int) -> tuple[int, ...]:
+        # Least-sufficient GPUs first: the fullest that still fits.
+        return (mem_after, core_after, gpu.index)
+
+    def place(self, view: NodeView, request: PodRequest) -> Placement | None:
+        candidates = slice_candidates(view, request)
+        if candidates is None:
+            assignment = search(view, request, self.gpu_key)
+            if assignment is None:
+                return None
+            return Placement(assignment, self.score(view, request, assignment))
+        if not candidates:
+            return None
+        node_models = models(view)
+        before = devices(view)
+        baseline = self.waste(node_models, view.cpu_free, before)
+        position = {g.index: pos for pos, g in enumerate(view.gpus)}
+        cpu = cpu_after(view, request.cpu_milli)
+        best: tuple[float, GpuView] | None = None
+        tried: set[Device] = set()
+        for gpu, mem_after, core_after in candidates:
+            pos = position[gpu.index]
+            if before[pos] in tried:  # a GPU like one tried already scores the same
+                continue
+            tried.add(before[pos])
+            after = list(before)
+            after[pos] = device_left(gpu, mem_after, core_after)
+            value = self.rate(view, self.waste(node_models, cpu, after) - baseline)
+            if best is None or value > best[0]:
+                best = (value, gpu)
+        assert best is not None
+        return Placement(slice_assignment(request, best[1]), best[0])
+
+    def score(self, view: NodeView, request: PodRequest, assignment: Assignment) -> float:
+        node_models = models(view)
+        cpu = cpu_after(view, request.cpu_milli)
+        growth = self.waste(node_models, cpu, devices_after(view, assignment)) - self.waste(
+            node_models, view.cpu_free, devices(view)
+        )
+        return self.rate(view, growth)
+
+    @abstractmethod
+    def waste(self, models: frozenset[str], cpu_free: int | None, gpus: list[Device]) -> float:
+        """How much free GPU (milli-GPU) a node in this state leaves to waste, as the
+        policy reckons it against its target workload."""
+
+    @abstractmethod
+    def rate(self, view: NodeView, growth: float) -> float:
+        """Score (0..100, higher is better) of placing the pod on the node, given the
+        growth of its waste."""
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def fgd_score(growth: float) -> int:
+    """FGD's node score: floor(100 * sigmoid(-growth / 1000)), 0..99."""
+    return math.floor(100 * sigmoid(-growth / 1000))
+
+
+class FgdPolicy(WorkloadAwarePolicy):
+    name = "fgd"
+
+    def waste(self, models: frozenset[str], cpu_free: int | None, gpus: list[Device]) -> float:
+        return self.fragmentation.of(models, cpu_free, gpus)
+
+    def rate(self, view: NodeView, growth: float) -> float:
+        return float(fgd_score(growth))

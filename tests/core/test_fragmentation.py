@@ -1,0 +1,136 @@
+"""Fragmentation F of a node, FGD and BestFit scores, worked by hand from the definitions
+of PLACEMENT-BENCHMARK §4 and §6."""
+
+import pytest
+
+from gpushare.bestfit import BestFitPolicy
+from gpushare.fgd import FgdPolicy
+from gpushare.fragmentation import Fragmentation, devices, free_milli, models
+from gpushare.placement import Placement, evaluate, to_allocation
+from gpushare.state import NodeState
+from gpushare.workload import TaskShape, Workload
+from tests.builders import T0
+from tests.core.test_host_resources import cpu_only, milli_node, sharing, whole
+
+# p=0.5: 500 milli of one GPU, 1 CPU; p=0.3: one whole GPU, 2 CPUs; p=0.2: CPU only.
+WORKLOAD = Workload(
+    (
+        (TaskShape(gpus=1, mem=500, core=500, cpu_milli=1000), 0.5),
+        (TaskShape(gpus=1, exclusive=True, cpu_milli=2000), 0.3),
+        (TaskShape(gpus=0, cpu_milli=1000), 0.2),
+    )
+)
+
+
+def loaded(cpu: int) -> NodeState:
+    """Three GPUs with 1000, 300 and 600 milli free, and `cpu` milli-CPU left."""
+    state = milli_node(gpus=3, cpu=cpu + 2000)
+    for key, req in (("a", sharing(700, cpu=1000)), ("b", sharing(400, cpu=1000))):
+        result = evaluate(state.view(), req, BestFitPolicy())
+        assert isinstance(result, Placement)
+        state.add(key, to_allocation(req, result.assignment, state.inventory, T0))
+    # BestFit put both on GPU 0 if they fit: move the picture to the one we want.
+    assert sorted(free_milli(g.mem_free, g.core_free, 1000, 1000) for g in state.view().gpus) == [
+        300,
+        600,
+        1000,
+    ]
+    return state
+
+
+def test_fragmentation_counts_what_each_task_cannot_use():
+    # G = 1900. Sharing task fits: the 300 GPU is its fragment. Whole-GPU task lacks CPU
+    # at 1500: all 1900. CPU-only: all 1900. F = .5*300 + .3*1900 + .2*1900 = 1100.
+    frag = Fragmentation(WORKLOAD)
+    assert frag.of_view(loaded(cpu=1500).view()) == pytest.approx(1100)
+    # With 2500 CPU the whole-GPU task fits on the free GPU: its fragment is 300+600.
+    assert frag.of_view(loaded(cpu=2500).view()) == pytest.approx(
+        0.5 * 300 + 0.3 * 900 + 0.2 * 1900
+    )
+
+
+def test_expected_next_is_f_after_the_next_pod_lands_where_it_leaves_f_lowest():
+    frag = Fragmentation(WORKLOAD)
+    # GPUs free 1000, 300, 600; 2500 CPU; F = .5*300 + .3*900 + .2*1900 = 800.
+    # Next 500-slice (1 CPU): on the 1000 GPU F = .5*300 + .3*1400 + .2*1400 = 850, on
+    # the 600 GPU 900: 850. Next whole GPU (2 CPUs): 500 CPU left, F = 900. CPU-only: 800.
+    assert frag.expected_next(*parts(loaded(cpu=2500))) == pytest.approx(
+        0.5 * 850 + 0.3 * 900 + 0.2 * 800
+    )
+    # With 1500 CPU (same GPUs, asked of the same memo): the slice leaves 500 CPU, too
+    # little for anything (F = 1400); the whole-GPU pod does not fit: F stays 1100.
+    assert frag.expected_next(*parts(loaded(cpu=1500))) == pytest.approx(
+        0.5 * 1400 + 0.3 * 1100 + 0.2 * 1100
+    )
+
+
+def parts(state: NodeState):
+    view = state.view()
+    return models(view), view.cpu_free, devices(view)
+
+
+def test_a_full_node_has_no_fragmentation_and_a_wrong_model_is_all_fragment():
+    frag = Fragmentation(WORKLOAD)
+    full = milli_node(gpus=1)
+    placed = evaluate(full.view(), whole(1), FgdPolicy(WORKLOAD))
+    assert isinstance(placed, Placement)
+    full.add("x", to_allocation(whole(1), placed.assignment, full.inventory, T0))
+    assert frag.of_view(full.view()) == 0
+    picky = Workload(((TaskShape(gpus=1, mem=100, core=100, gpu_spec=frozenset({"A100"})), 1.0),))
+    assert Fragmentation(picky).of_view(milli_node(gpus=2, model="T4").view()) == 2000
+
+
+def test_fgd_tries_every_gpu_for_a_slice_and_keeps_the_best_score():
+    # Before (CPU 2500): F = 800. A 200-milli pod using 500 CPU leaves 2000 CPU; on the
+    # 300 GPU: F = .5*100 + .3*700 + .2*1700 = 600, dF = -200, floor(100*sigmoid(.2)) = 54.
+    # On the free GPU: no whole GPU left, F = 1000 (score 45); on the 600 GPU: F = 900 (47).
+    state = loaded(cpu=2500)
+    result = evaluate(state.view(), sharing(200, cpu=500), FgdPolicy(WORKLOAD))
+    assert isinstance(result, Placement)
+    chosen = result.assignment.gpus[0][0]
+    assert state.view().gpus[chosen].mem_free == 300
+    assert result.score == 54
+
+
+def test_fgd_breaks_ties_between_gpus_by_lowest_index():
+    state = milli_node(gpus=4)
+    result = evaluate(state.view(), sharing(200), FgdPolicy(WORKLOAD))
+    assert isinstance(result, Placement) and result.assignment.gpus == ((0,),)
+
+
+def test_fgd_gives_whole_gpu_pods_free_gpus_and_scores_the_change():
+    state = loaded(cpu=2500)
+    result = evaluate(state.view(), whole(1, cpu=500), FgdPolicy(WORKLOAD))
+    assert isinstance(result, Placement)
+    assert state.view().gpus[result.assignment.gpus[0][0]].whole
+    # After: GPUs 300 and 600, CPU 2000, G = 900: .5*300 + .3*900 + .2*900 = 600; dF = -200.
+    assert result.score == 54
+
+
+def test_fgd_scores_cpu_only_pods_by_the_cpu_they_take():
+    # CPU 2500 -> 1000 cuts the whole-GPU task (needs 2000): its f goes 900 -> 1900.
+    state = loaded(cpu=2500)
+    result = evaluate(state.view(), cpu_only(1500), FgdPolicy(WORKLOAD))
+    assert isinstance(result, Placement) and result.assignment.gpus == ()
+    assert result.score == 42  # floor(100 * sigmoid(-0.3))
+
+
+def test_bestfit_takes_the_fullest_gpu_and_scores_cpu_and_gpu_left():
+    state = milli_node(gpus=3, cpu=64_000 + 2000)
+    for key, req in (("a", sharing(700, cpu=1000)), ("b", sharing(400, cpu=1000))):
+        result = evaluate(state.view(), req, BestFitPolicy())
+        assert isinstance(result, Placement)
+        state.add(key, to_allocation(req, result.assignment, state.inventory, T0))
+    result = evaluate(state.view(), sharing(200, cpu=4000), BestFitPolicy())
+    assert isinstance(result, Placement)
+    assert state.view().gpus[result.assignment.gpus[0][0]].mem_free == 300
+    # floor(100 * (1 - (64000-4000)/128000/2 - (1900-200)/8000/2)) = floor(65.94) = 65
+    assert result.score == 65
+
+
+def test_the_typical_workload_keeps_the_popular_shapes_covering_95_percent():
+    a, b, c, d = (TaskShape(gpus=1, mem=m, core=m) for m in (100, 200, 300, 400))
+    kept = Workload.typical({a: 50, b: 30, c: 15, d: 5})
+    assert [s for s, _ in kept.tasks] == [a, b, c]
+    assert [p for _, p in kept.tasks] == pytest.approx([50 / 95, 30 / 95, 15 / 95])
+    assert len(Workload.typical({a: 50, b: 30, c: 14, d: 6}).tasks) == 4

@@ -1,0 +1,184 @@
+"""The fragmentation-aware policies on Kubernetes nodes (GiB, CPU not tracked), through
+the same evaluate()/choose_node() the extender calls, and learning the workload online."""
+
+import pytest
+
+from gpushare.fgd import FgdPolicy
+from gpushare.fragmentation import Fragmentation, devices, models
+from gpushare.lookahead import LookaheadFgdPolicy
+from gpushare.placement import Placement, PlacementCache, choose_node, evaluate, to_allocation
+from gpushare.policies import OUR_POLICY, POLICIES, policy_named
+from gpushare.state import NodeState
+from gpushare.workload import PRIOR, LearnedWorkload, TaskShape, Workload
+from tests.builders import T0, node_state, request
+
+# Learned on Kubernetes: shapes in GiB, no CPU.
+HALF_GPUS = Workload(((TaskShape(gpus=1, mem=8), 0.7), (TaskShape(gpus=1, exclusive=True), 0.3)))
+
+
+def place(state: NodeState, req, policy, key: str) -> Placement:
+    result = evaluate(state.view(), req, policy)
+    assert isinstance(result, Placement), result
+    state.add(key, to_allocation(req, result.assignment, state.inventory, T0))
+    return result
+
+
+def test_our_policy_is_registered_and_selectable_by_name():
+    assert OUR_POLICY == "fgd-lookahead"
+    assert isinstance(policy_named(OUR_POLICY), LookaheadFgdPolicy)
+    assert {"binpack", "spread", "bestfit", "fgd", "fgd-lookahead"} <= set(POLICIES)
+
+
+def test_gib_amounts_are_judged_as_fractions_of_the_gpu():
+    state = node_state("2x16GiB")
+    place(state, request(mem=10), FgdPolicy(HALF_GPUS), "a")
+    # GPU 0 has 6 of 16 GiB free = 375 milli-GPU; an 8 GiB pod cannot use it, a whole-GPU
+    # pod cannot either (not free of pods); GPU 1 (1000) fits both.
+    frag = Fragmentation(HALF_GPUS)
+    assert frag.of_view(state.view()) == pytest.approx(0.7 * 375 + 0.3 * 375)
+
+
+@pytest.mark.parametrize("policy", [FgdPolicy(HALF_GPUS), LookaheadFgdPolicy(HALF_GPUS)])
+def test_a_slice_completes_a_half_used_gpu_rather_than_opening_one(policy):
+    state = node_state("2x16GiB")
+    place(state, request(mem=8), policy, "a")
+    assert place(state, request(mem=8), policy, "b").assignment.gpus == ((0,),)
+    assert state.used(0)[0] == 16 and state.used(1)[0] == 0
+
+
+@pytest.mark.parametrize("name", ["fgd", "fgd-lookahead"])
+def test_choose_node_prefers_the_node_where_the_slice_fits_snugly(name):
+    policy = type(POLICIES[name])(HALF_GPUS)
+    half = node_state("2x16GiB", node="half")
+    place(half, request(mem=8), policy, "a")
+    empty = node_state("2x16GiB", node="empty")
+    # The empty node comes first, so only a better score can pick the other one.
+    choice = choose_node([empty.view(), half.view()], request(mem=8), lambda _: policy)
+    assert not isinstance(choice, dict) and choice.node == "half"
+
+
+def test_our_policy_leaves_the_hole_the_next_popular_pod_fills_exactly():
+    # Pods of 5 and 11 GiB, equally common, on 16 GiB GPUs; GPU 0 holds 3 GiB (13 free),
+    # GPU 1 is empty. For an 11 GiB pod FGD takes GPU 0 (F lowest now), leaving 2 GiB
+    # nobody uses; looking one pod ahead, ours takes GPU 1 and leaves 5 GiB there, just
+    # what the popular 5 GiB pod needs (and GPU 0 keeps room for two of them).
+    workload = Workload(((TaskShape(gpus=1, mem=5), 0.5), (TaskShape(gpus=1, mem=11), 0.5)))
+    chosen = {}
+    for policy in (FgdPolicy(workload), LookaheadFgdPolicy(workload)):
+        state = node_state("2x16GiB")
+        place(state, request(mem=3), policy, "small")
+        assert state.used(0)[0] == 3
+        chosen[policy.name] = place(state, request(mem=11), policy, "next").assignment.gpus
+    assert chosen == {"fgd": ((0,),), "fgd-lookahead": ((1,),)}
+
+
+def test_expected_next_on_kubernetes_nodes_with_the_priors_fractions():
+    # The prior's shapes are fractions of a GPU: 500 milli of a 16 GiB GPU is 8 GiB.
+    half = Workload(((TaskShape(gpus=1, mem=500, fraction=True), 1.0),))
+    frag = Fragmentation(half)
+    state = node_state("1x16GiB")
+    place(state, request(mem=4), FgdPolicy(half), "a")
+    view = state.view()
+    # 12 GiB free (750): a half fits, leaving 4 GiB (250) that no half can use.
+    assert frag.of_view(view) == 0
+    assert frag.expected_next(models(view), None, devices(view)) == pytest.approx(250)
+
+
+def test_our_policy_prefers_a_node_in_use_over_an_equally_good_empty_one():
+    policy = LookaheadFgdPolicy(HALF_GPUS)
+    busy = node_state("4x16GiB", node="busy")
+    place(busy, request(count=1), policy, "whole")
+    empty = node_state("4x16GiB", node="empty")
+    req = request(count=1)
+    on_busy, on_empty = (evaluate(s.view(), req, policy) for s in (busy, empty))
+    assert isinstance(on_busy, Placement) and isinstance(on_empty, Placement)
+    assert on_busy.score > on_empty.score
+
+
+def test_the_registered_policies_start_from_the_prior_and_learn():
+    policy = LookaheadFgdPolicy()
+    assert policy.learns and policy.workload == PRIOR.typical_part(policy.coverage)
+    epoch = policy.epoch
+    for _ in range(400):
+        policy.observe(request(mem=4))
+    assert policy.epoch > epoch
+    shapes = dict(policy.workload.tasks)
+    assert shapes[TaskShape(gpus=1, mem=4)] > 0.5
+
+
+def test_a_new_epoch_makes_the_placement_cache_evaluate_again():
+    policy = LookaheadFgdPolicy()
+    cache = PlacementCache()
+    state = node_state("2x16GiB")
+    first = cache.evaluate(state, request(mem=4), policy)
+    assert cache.evaluate(state, request(mem=4), policy) is first
+    while policy.epoch == 0:
+        policy.observe(request(mem=4))
+    assert cache.evaluate(state, request(mem=4), policy) is not first
+
+
+def test_the_learned_workload_follows_a_change_and_forgets_the_old():
+    learned = LearnedWorkload(half_life=200, check_every=50)
+    small, large = TaskShape(gpus=1, mem=2), TaskShape(gpus=1, mem=12)
+    changes = sum(learned.observe(small) for _ in range(1000))
+    assert changes >= 1 and dict(learned.current.tasks)[small] > 0.9
+    for _ in range(2000):
+        learned.observe(large)
+    # Adopted within the tolerance (5% total variation) of the decayed histogram.
+    assert dict(learned.current.tasks).get(small, 0.0) < 0.06
+    assert dict(learned.current.tasks)[large] > 0.9
+
+
+def test_a_steady_workload_stops_changing_the_epoch():
+    learned = LearnedWorkload(check_every=100, tolerance=0.05)
+    shapes = [TaskShape(gpus=1, mem=m) for m in (2, 4, 8)]
+    changes = [learned.observe(shapes[i % 3]) for i in range(6000)]
+    assert sum(changes[:1000]) >= 1
+    assert sum(changes[3000:]) == 0
+
+
+def test_fixed_and_learning_copies_are_fresh_objects_of_the_same_class():
+    registered = POLICIES["fgd-lookahead"]
+    fixed = registered.with_workload(HALF_GPUS)  # type: ignore[attr-defined]
+    assert type(fixed) is type(registered) and fixed is not registered and not fixed.learns
+    fixed.observe(request(mem=4))
+    assert fixed.epoch == 0
+    assert registered.learning().learns  # type: ignore[attr-defined]
+
+
+def test_what_our_policy_learns_online_changes_where_it_places():
+    def eleven_gib_goes_to(policy: LookaheadFgdPolicy):
+        state = node_state("2x16GiB")
+        place(state, request(mem=3), policy, "small")
+        assert state.used(0)[0] == 3
+        return place(state, request(mem=11), policy, "big").assignment.gpus
+
+    policy = LookaheadFgdPolicy()
+    # The prior expects many whole-GPU pods: keep GPU 1 free of pods.
+    assert eleven_gib_goes_to(policy) == ((0,),)
+    for i in range(300):  # the extender's filter observes every pod it is asked about
+        policy.observe(request(mem=5 if i % 2 else 11))
+    # Only 5 and 11 GiB pods come: leave GPU 1 with the 5 GiB the next one needs.
+    assert eleven_gib_goes_to(policy) == ((1,),)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize(
+    "req",
+    [request(mem=4), request(mem=6, core=30), request(count=1), request(count=2)],
+    ids=["4GiB", "6GiB+30%", "1 GPU", "2 GPUs"],
+)
+def test_every_registered_policy_places_on_kubernetes_nodes(name, req):
+    policy = POLICIES[name]
+    busy = node_state("4x16GiB", node="busy", mode="core_mem")
+    place(busy, request(mem=10), policy, "a")
+    place(busy, request(mem=6), policy, "b")
+    nodes = [busy.view(), node_state("2x16GiB", node="small", mode="core_mem").view()]
+    choice = choose_node(nodes, req, lambda _: policy)
+    assert not isinstance(choice, dict), choice
+    view = {v.name: v for v in nodes}[choice.node]
+    # The placement fits the node it chose.
+    added = {index: (mem, core) for index, mem, core in choice.placement.assignment.added}
+    for gpu in view.gpus:
+        mem, core = added.get(gpu.index, (0, 0))
+        assert mem <= gpu.mem_free and core <= gpu.core_free

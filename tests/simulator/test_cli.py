@@ -1,0 +1,155 @@
+"""`gpushare simulate` end to end on a subsample of the openb trace: flags, table,
+JSON, plot."""
+
+import json
+import os
+
+import pytest
+
+from gpushare_cli.main import build_parser, main
+from tests.simulator.traces import subsample
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """Every 25th node and pod of openb: 49 nodes of every kind, 327 pods."""
+    return subsample(tmp_path_factory.mktemp("trace"), every=25)
+
+
+def test_help_explains_every_flag(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["simulate", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--nodes", "--pods", "--policies", "--seeds", "--workers", "--json", "--plot"):
+        assert flag in out
+    assert "@learned" in out
+
+
+def test_seed_lists_and_ranges_parse():
+    args = build_parser().parse_args(["simulate", "--seeds", "42-44,50,43"])
+    assert args.seeds == [42, 43, 44, 50]
+    assert build_parser().parse_args(["simulate"]).seeds == list(range(42, 52))
+
+
+def test_defaults_are_our_policy_and_the_references_on_all_cores():
+    args = build_parser().parse_args(["simulate"])
+    assert [c.label for c in args.policies] == ["fgd-lookahead", "fgd", "bestfit"]
+    assert args.workers == (os.cpu_count() or 1)
+    assert args.json is None and args.plot is None
+
+
+def test_a_progress_bar_counts_the_runs(small, capsys):
+    nodes, pods = small
+    flags = ["--nodes", str(nodes), "--pods", str(pods), "--policies", "bestfit"]
+    assert main(["simulate", *flags, "--seeds", "42-43", "--workers", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "2/2" in err and "bestfit seed" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--seeds", "51-42"], "runs backwards"),
+        (["--seeds", "x"], "not a whole number"),
+        (["--policies", "random"], "unknown placement policy 'random'"),
+        (["--policies", "binpack@learned"], "does not use a target workload"),
+        (["--policies", "fgd,fgd"], "named twice"),
+    ],
+)
+def test_bad_flags_are_refused_with_the_reason(capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(["simulate", *flags])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_missing_trace_file_is_reported(capsys, tmp_path):
+    code = main(["simulate", "--nodes", str(tmp_path / "none.csv"), "--no-progress"])
+    assert code == 2
+    assert "cannot read trace file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--json", "{tmp}/absent/r.json"], "--json {tmp}/absent/r.json: folder"),
+        (["--json", "{tmp}"], "is a directory"),
+        (["--plot", "{tmp}/absent/r.png"], "--plot {tmp}/absent/r.png: folder"),
+        (["--plot", "{tmp}/r.svg"], "the plot is a PNG"),
+    ],
+)
+def test_output_files_that_cannot_be_written_are_refused_before_the_run(
+    capsys, tmp_path, flags, message
+):
+    argv = [f.format(tmp=tmp_path) for f in flags]
+    code = main(["simulate", *argv, "--nodes", str(tmp_path / "none.csv"), "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_malformed_trace_row_is_one_line_naming_file_and_line(capsys, small, tmp_path):
+    nodes, _ = small
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np1,1000,1024\n")
+    code = main(["simulate", "--nodes", str(nodes), "--pods", str(pods), "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"gpushare simulate: {pods}:2: the row has fewer fields than the header's 6"
+
+
+def test_a_run_prints_the_table_and_writes_json_and_plot(small, tmp_path, capsys):
+    nodes, pods = small
+    out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
+    code = main(
+        [
+            "simulate",
+            "--nodes", str(nodes),
+            "--pods", str(pods),
+            "--policies", "fgd,bestfit,fgd@learned,binpack,spread",
+            "--seeds", "42-43",
+            "--workers", "1",
+            "--json", str(out_json),
+            "--plot", str(out_png),
+            "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("gpushare simulate: 49 nodes")
+    assert "unalloc @100%" in out and "fgd@learned" in out
+    document = json.loads(out_json.read_text())
+    assert document["trace"]["node_count"] == 49
+    assert set(document["policies"]) == {"fgd", "bestfit", "fgd@learned", "binpack", "spread"}
+    for label, entry in document["policies"].items():
+        assert entry["seeds"] == [42, 43]
+        for bin_ in ("100", "130"):
+            spread = entry["unallocated_pct"][bin_]
+            assert spread["min"] <= spread["median"] <= spread["max"]
+            assert spread["min"] <= spread["mean"] <= spread["max"]
+            assert spread["min"] >= 0 and spread["max"] <= 100
+        assert set(entry["frag_amount_pct"]) == {"50", "80", "90"}
+        assert set(entry["frag_ratio_pct"]) == {"50", "80", "90"}
+        assert set(entry["failed_pods"]) >= {"cpu", "sharing", "1-gpu", "2-gpu", "4-gpu", "8-gpu"}
+        assert entry["wall_s"] > 0
+        assert ("paired_vs_fgd" in entry) == (label != "fgd")
+    paired = document["policies"]["bestfit"]["paired_vs_fgd"]
+    assert len(paired["diff_100"]) == 2
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_two_workers_give_the_same_numbers_as_one(small, tmp_path):
+    nodes, pods = small
+    documents = []
+    for workers in (1, 2):
+        path = tmp_path / f"w{workers}.json"
+        flags = ["--nodes", str(nodes), "--pods", str(pods), "--policies", "fgd,bestfit"]
+        flags += ["--seeds", "42-43", "--workers", str(workers), "--json", str(path)]
+        main(["simulate", *flags, "--no-progress"])
+        documents.append(json.loads(path.read_text()))
+    for label in ("fgd", "bestfit"):
+        one, two = (d["policies"][label] for d in documents)
+        assert one["unallocated_pct"] == two["unallocated_pct"]
+        assert one["failed_pods"] == two["failed_pods"]

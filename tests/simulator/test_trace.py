@@ -1,0 +1,92 @@
+"""Reading the openb CSVs into the core's nodes and requests, and refusing bad files."""
+
+import pytest
+
+from gpushare.labels import NodeMode
+from gpushare.request import ContainerRole
+from simulator.trace import PodClass, TraceError, load
+from tests.simulator.traces import NODES_CSV, PODS_CSV, tiny, write
+
+
+def test_the_default_trace_has_the_pinned_size():
+    trace = load(NODES_CSV, PODS_CSV)
+    assert len(trace.nodes) == 1213 and trace.capacity == 6_212_000
+    assert len(trace.pods) == 8152
+    assert 0.97 < trace.requested / trace.capacity < 0.99  # "98% of capacity"
+    assert [n.name for n in trace.nodes] == sorted(n.name for n in trace.nodes)
+
+
+def test_nodes_become_milli_gpu_inventories_that_track_cpu(tmp_path):
+    trace = tiny(tmp_path, [("n1", 16000, 65536, 2, "P100")], [("p", 1000, 1024, 1, 500, "")])
+    inventory = trace.nodes[0].inventory()
+    assert [(g.mem, g.core, g.model) for g in inventory.gpus] == [(1000, 1000, "P100")] * 2
+    assert (inventory.cpu_milli, inventory.memory_mib) == (16000, 65536)
+    assert inventory.mode is NodeMode.CORE_MEM
+    assert inventory.max_pods_per_gpu >= 1000  # the Kubernetes limit does not bind here
+
+
+def test_pods_become_slices_whole_gpus_or_cpu_only_requests(tmp_path):
+    trace = tiny(
+        tmp_path,
+        [("n1", 16000, 65536, 8, "G2")],
+        [
+            ("share", 3152, 1024, 1, 810, ""),
+            ("whole", 11300, 2048, 4, 1000, ""),
+            ("cpu", 8000, 4096, 0, 0, ""),
+            ("picky", 1000, 1024, 1, 300, "V100M16|V100M32"),
+        ],
+    )
+    pods = {p.name: p for p in trace.pods}
+    share = pods["share"].request()
+    assert share.cpu_milli == 3152 and share.memory_mib == 1024
+    (c,) = share.containers
+    assert (c.gpus, c.mem, c.core, c.exclusive, c.role) == (1, 810, 810, False, ContainerRole.APP)
+    (w,) = pods["whole"].request().containers
+    assert (w.gpus, w.exclusive) == (4, True)
+    assert pods["cpu"].request().containers == ()
+    assert pods["picky"].request().gpu_spec == frozenset({"V100M16", "V100M32"})
+    assert [pods[n].kind for n in ("share", "whole", "cpu")] == [
+        PodClass.SHARING,
+        PodClass.GPU4,
+        PodClass.CPU,
+    ]
+    assert pods["whole"].gpu_total == 4000
+
+
+def test_a_missing_column_is_named(tmp_path):
+    nodes, pods = write(tmp_path, [("n1", 1, 1, 1, "T4")], [("p", 1, 1, 1, 10, "")])
+    nodes.write_text("sn,cpu_milli,gpu,model\nn1,1,1,T4\n")
+    with pytest.raises(TraceError, match=r"missing column.*memory_mib"):
+        load(nodes, pods)
+
+
+def test_a_bad_number_is_named_with_its_row(tmp_path):
+    nodes, pods = write(tmp_path, [("n1", 1, 1, 1, "T4")], [("p", "lots", 1, 1, 10, "")])
+    with pytest.raises(TraceError, match=r"pods.csv:2: column cpu_milli must be a whole number"):
+        load(nodes, pods)
+
+
+def test_a_gpu_share_out_of_range_is_refused(tmp_path):
+    nodes, pods = write(tmp_path, [("n1", 1, 1, 1, "T4")], [("p", 1, 1, 1, 1500, "")])
+    with pytest.raises(TraceError, match=r"gpu_milli must be in 1\.\.1000"):
+        load(nodes, pods)
+
+
+def test_a_missing_file_is_a_trace_error(tmp_path):
+    with pytest.raises(TraceError, match="cannot read trace file"):
+        load(tmp_path / "nope.csv", tmp_path / "nope2.csv")
+
+
+@pytest.mark.parametrize(("row", "size"), [("n1,1,1,1", "fewer"), ("n1,1,1,1,T4,extra", "more")])
+def test_a_row_of_the_wrong_length_is_named_with_its_line(tmp_path, row, size):
+    nodes, pods = write(tmp_path, [("n1", 1, 1, 1, "T4")], [("p", 1, 1, 1, 10, "")])
+    nodes.write_text(f"sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,1,T4\n{row}\n")
+    with pytest.raises(TraceError, match=rf"nodes.csv:3: the row has {size} fields"):
+        load(nodes, pods)
+
+
+def test_a_file_that_is_not_utf8_text_is_a_trace_error(tmp_path):
+    nodes, pods = write(tmp_path, [("n1", 1, 1, 1, "T4")], [("p", 1, 1, 1, 10, "")])
+    pods.write_bytes(b"\xff\xfe\x00\x01binary")
+    with pytest.raises(TraceError, match=r"pods\.csv: not a CSV file in UTF-8"):
+        load(nodes, pods)

@@ -679,3 +679,11 @@ def test_chart_config_means_what_the_standalone_example_means(default):
     assert {r["name"] for r in theirs["managedResources"]} == {
         r["name"] for r in ours["managedResources"]
     }
+
+
+def test_the_schema_offers_exactly_the_placement_policies_the_extender_knows():
+    from gpushare.policies import POLICIES
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    offered = schema["properties"]["extender"]["properties"]["defaultPlacement"]["enum"]
+    assert sorted(offered) == sorted(POLICIES)

@@ -77,10 +77,6 @@ class AssignmentWriter(Worker):
         self._todo: deque[tuple[Pod, str]] = deque()
         self._busy = False
 
-    def mark(self, pod: Pod, container: str) -> None:
-        self.queue(pod, container)
-        self.wake()
-
     def queue(self, pod: Pod, container: str) -> None:
         """Marks the container without waking the thread (see wake())."""
         with self._cond:
@@ -93,7 +89,7 @@ class AssignmentWriter(Worker):
             self._cond.notify_all()
 
     def flush(self, timeout: float) -> bool:
-        """Waits until every mark so far is written; False on timeout."""
+        """Waits until every container queued so far is written; False on timeout."""
         with self._cond:
             return self._cond.wait_for(lambda: not self._todo and not self._busy, timeout)
 

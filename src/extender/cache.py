@@ -215,9 +215,12 @@ class SchedulerCache:
         self._observed[uid] = None
         if len(self._observed) > _OBSERVED_LIMIT:
             self._observed.popitem(last=False)
-        names = [pod_policy] if pod_policy else sorted({self.default_policy, *self._policy_use})
-        for name in names:
+        for name in self._policies(pod_policy):
             POLICIES[name].observe(request)
+
+    def _policies(self, pod_policy: str | None) -> list[str]:
+        """The policies that may place a pod: the one it names, else every node's."""
+        return [pod_policy] if pod_policy else sorted({self.default_policy, *self._policy_use})
 
     def node_state(self, name: str) -> NodeState | None:
         return self.state.nodes.get(name)
@@ -326,7 +329,9 @@ class SchedulerCache:
 
     def _table(self, request: PodRequest, pod_policy: str | None) -> FitTable:
         key = (pod_policy, request.shape)
-        epochs = tuple(policy.epoch for policy in POLICIES.values())
+        # Only these policies' epochs: another policy learning must not throw away
+        # answers it had no part in (a full re-evaluation of every node).
+        epochs = tuple((name, POLICIES[name].epoch) for name in self._policies(pod_policy))
         table = self._tables.get(key)
         if table is None or table.epochs != epochs:
             table = self._tables[key] = FitTable(len(self._log), epochs)

@@ -142,11 +142,11 @@ class _Lookup:
 
 
 class FitTable:
-    def __init__(self, position: int, epochs: tuple[int, ...]) -> None:
+    def __init__(self, position: int, epochs: tuple[tuple[str, int], ...]) -> None:
         self.position = position
         """How far into the cache's change log this table is up to date."""
         self.epochs = epochs
-        """The policies' epochs the results were computed under."""
+        """(name, epoch) of each policy the results were computed under."""
         self._entries: dict[str, _Entry] = {}
         self._recent: list[_Lookup] = []
         """The last candidate lists answered (filter's and prioritize's), to patch

@@ -56,8 +56,9 @@ def test_the_writer_marks_in_the_background_and_flushes():
     writer = AssignmentWriter(cluster)
     writer.start()
     try:
-        writer.mark(_bound(cluster, "a"), "main")
-        writer.mark(_bound(cluster, "b"), "main")
+        writer.queue(_bound(cluster, "a"), "main")
+        writer.queue(_bound(cluster, "b"), "main")
+        writer.wake()
         assert writer.flush(5)
     finally:
         writer.stop()

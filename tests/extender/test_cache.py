@@ -160,3 +160,19 @@ def test_a_candidate_list_asked_again_is_patched_where_nodes_changed(names, befo
     assert again.passed_json() == after
     assert '"n1":' in again.failed_json()
     assert first.passed_json() == before  # an answer already given stays as it was
+
+
+def test_another_policy_learning_keeps_the_results_of_this_one(monkeypatch):
+    from gpushare import policies
+    from gpushare.lookahead import LookaheadFgdPolicy
+
+    learning = LookaheadFgdPolicy()
+    monkeypatch.setitem(policies.POLICIES, learning.name, learning)
+    cache = started()
+    packed = answer(cache, 10)
+    with cache.lock:
+        ours = cache.answers(request(mem=10), learning.name, ["n"]).entries[0]
+    learning.epoch += 1
+    assert answer(cache, 10) is packed
+    with cache.lock:
+        assert cache.answers(request(mem=10), learning.name, ["n"]).entries[0] is not ours

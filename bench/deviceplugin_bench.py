@@ -5,9 +5,16 @@
    caller is a separate process, as the kubelet is, and times each Allocate
    RPC; each call starts once the plugin has finished with the previous one
    (its `assigned` patch written and seen back through the watch), as kubelet
-   admissions find it. Target p99 <= 2 ms. For scale, the same client timing a
-   do-nothing gRPC server in the same way gives the floor of the machine, and
-   the plugin's own work per call is timed in process, without gRPC.
+   admissions find it. Target p99 <= 2 ms. The plugin process has frozen its
+   start-up objects out of the garbage collector, as gpushare-device-plugin
+   does once synced. Two callers, where both can run:
+   - the kubelet's own stack: a Go gRPC client (bench/kubeletcaller), built
+     here when `go` and grpc-go are installed (Debian: golang-go and
+     golang-google-grpc-dev); skipped with the reason otherwise;
+   - a Python gRPC client, which adds its own overhead to every call.
+   For scale, each caller also times a do-nothing gRPC server with the calls
+   spaced as the Allocate calls were (an idle gap makes every call slower: the
+   machine's floor), and the plugin's own work per call is timed in process.
 2. ListAndWatch: the size of the full device list the kubelet receives for a
    core_mem node with 8 x 141 GiB GPUs (gRPC's default limit is 4 MB).
 
@@ -15,14 +22,18 @@ Run: .venv/bin/python bench/deviceplugin_bench.py [--calls N]
 """
 
 import argparse
-import multiprocessing
+import gc
+import os
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 import grpc
@@ -43,6 +54,10 @@ from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
 
 NODE = "bench-node"
 PENDING = 50
+MAX_PODS = 110
+"""The kubelet's default max-pods: once the node holds this many, the oldest
+answered pod finishes (is deleted) as each new one is bound, so the node stays
+as full as a busy node can be, within the rules (at most 14 pods, 28 GiB a GPU)."""
 POD_MEM = 2
 GPUS = 8
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -61,6 +76,7 @@ class Node:
             self.cluster,
         )
         self.bound = 0
+        self.live: deque[str] = deque()
 
     def __enter__(self) -> "Node":
         self.kubelet.start()
@@ -96,55 +112,113 @@ class Node:
             "default", name, NODE, created.metadata.uid, annotation.encode(allocation)
         )
         self.bound += 1
+        self.live.append(name)
+        while len(self.live) > MAX_PODS:
+            self.cluster.delete_pod("default", self.live.popleft())
 
     def settled(self) -> bool:
-        """PENDING pods wait, and every answered pod is seen marked assigned."""
+        """PENDING pods wait, and every answered pod on the node is seen marked assigned."""
         queue = self.plugin.queue
         if len(queue.waiting(GPU_MEM)) != PENDING or not self.plugin.assignments.flush(0):
             return False
         marked = sum(1 for _, allocation in queue.bound_pods() if allocation.assigned)
-        return marked == self.bound - PENDING
+        return marked == len(self.live) - PENDING
 
 
-def _caller(socket: str, ids: list[str], calls: int, conn: Connection) -> None:
-    """The kubelet's side, in its own process: one Allocate per go-ahead."""
-    request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
-    latencies = []
-    with grpc.insecure_channel(f"unix://{socket}") as channel:
-        stub = pb_grpc.DevicePluginStub(channel)
-        for call in range(calls + 1):
-            conn.recv()
-            started = time.perf_counter()
-            stub.Allocate(request)
-            if call:  # the first call also opens the connection
-                latencies.append(time.perf_counter() - started)
-            conn.send(None)
-    conn.send(latencies)
+ALLOCATE = "/v1beta1.DevicePlugin/Allocate"
+GO_CALLER = Path(__file__).parent / "kubeletcaller"
+DEBIAN_GOPATH = Path("/usr/share/gocode")
 
 
-def _drive(socket: Path, ids: list[str], calls: int, between: Callable[[], None]) -> list[float]:
-    ours, theirs = multiprocessing.Pipe()
-    caller = multiprocessing.get_context("spawn").Process(
-        target=_caller, args=(str(socket), ids, calls, theirs)
+class Caller:
+    """The kubelet's side, in its own process: one timed call per line it reads."""
+
+    def __init__(self, name: str, argv: list[str]) -> None:
+        self.name = name
+        self._argv = argv
+
+    def drive(
+        self, socket: Path, ids: list[str], calls: int, between: Callable[[], None]
+    ) -> tuple[list[float], list[float]]:
+        """Seconds per call (the first, which also connects, left out) and seconds
+        spent in `between` after each."""
+        request = pb.AllocateRequest(
+            container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]
+        )
+        argv = [*self._argv, str(socket), ALLOCATE, request.SerializeToString().hex()]
+        latencies, gaps = [], []
+        with subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        ) as caller:
+            assert caller.stdin is not None and caller.stdout is not None
+            for call in range(calls + 1):
+                caller.stdin.write("\n")
+                caller.stdin.flush()
+                answer = caller.stdout.readline()
+                if not answer.strip().isdigit():
+                    raise RuntimeError(f"{self.name} caller: {answer.strip() or 'no answer'}")
+                if call:
+                    latencies.append(int(answer) / 1e9)
+                started = time.perf_counter()
+                between()
+                gaps.append(time.perf_counter() - started)
+            caller.stdin.close()
+        return latencies, gaps
+
+
+def python_caller() -> Caller:
+    return Caller("Python", [sys.executable, __file__, "--caller"])
+
+
+def go_caller(workdir: Path) -> Caller | str:
+    """The Go caller, built into `workdir`; why not, when it cannot be built."""
+    go = shutil.which("go")
+    if go is None:
+        return "no `go` on PATH (Debian: apt-get install golang-go golang-google-grpc-dev)"
+    env = dict(os.environ)
+    if "GOPATH" not in env and DEBIAN_GOPATH.is_dir():
+        env.update(GOPATH=str(DEBIAN_GOPATH), GO111MODULE="off")  # Debian's packaged grpc-go
+    env.setdefault("GOCACHE", str(workdir / "gocache"))
+    binary = workdir / "kubeletcaller"
+    built = subprocess.run(
+        [go, "build", "-o", str(binary), "."],
+        cwd=GO_CALLER,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
     )
-    caller.start()
-    for _ in range(calls + 1):
-        ours.send(None)
-        ours.recv()
-        between()
-    latencies = ours.recv()
-    caller.join()
-    return latencies
+    if built.returncode != 0:
+        last = (built.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"`go build` failed ({last}); it needs grpc-go (Debian: golang-google-grpc-dev)"
+    return Caller("Go (grpc-go, as the kubelet)", [str(binary)])
 
 
-def bench_allocate(calls: int) -> list[float]:
-    with tempfile.TemporaryDirectory(prefix="gp-bench-") as tmp, Node(
-        Path(tmp), f"{GPUS}x80GiB", "cgpu"
-    ) as node:
+def serve_calls(socket: str, method: str, request_hex: str) -> None:
+    """The Python caller's loop (run as `deviceplugin_bench.py --caller ...`)."""
+    request = bytes.fromhex(request_hex)
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        call = channel.unary_unary(method, _registered_method=True)
+        for _ in sys.stdin:
+            started = time.perf_counter()
+            try:
+                call(request)
+            except grpc.RpcError as err:
+                print(f"error: {err}", flush=True)
+                continue
+            print(round((time.perf_counter() - started) * 1e9), flush=True)
+
+
+def bench_allocate(calls: int, caller: Caller) -> tuple[list[float], list[float]]:
+    with (
+        tempfile.TemporaryDirectory(prefix="gp-bench-") as tmp,
+        Node(Path(tmp), f"{GPUS}x80GiB", "cgpu") as node,
+    ):
         for _ in range(PENDING):
             node.bind()
         if not _wait(node.settled):
             raise RuntimeError("the plugin did not see the bound pods")
+        gc.freeze()  # what gpushare-device-plugin does once synced
         ids = sorted(node.kubelet.devices(GPU_MEM))[:POD_MEM]
 
         def next_pod() -> None:
@@ -152,7 +226,8 @@ def bench_allocate(calls: int) -> list[float]:
             if not _wait(node.settled):
                 raise RuntimeError("the plugin did not catch up with the bound pods")
 
-        return _drive(node.kubelet.plugin_dir / SOCKET_NAMES[GPU_MEM], ids, calls, next_pod)
+        socket = node.kubelet.plugin_dir / SOCKET_NAMES[GPU_MEM]
+        return caller.drive(socket, ids, calls, next_pod)
 
 
 class _Idle(pb_grpc.DevicePluginServicer):
@@ -160,8 +235,8 @@ class _Idle(pb_grpc.DevicePluginServicer):
         return pb.AllocateResponse(container_responses=[pb.ContainerAllocateResponse()])
 
 
-def bench_floor(calls: int) -> list[float]:
-    """The same caller against a server that does nothing, idle as long between calls."""
+def bench_floor(calls: int, caller: Caller, gap: float) -> list[float]:
+    """The same caller against a server that does nothing, `gap` seconds between calls."""
     with tempfile.TemporaryDirectory(prefix="gp-bench-") as tmp:
         socket = Path(tmp) / "idle.sock"
         server = grpc.server(ThreadPoolExecutor(8))
@@ -169,16 +244,18 @@ def bench_floor(calls: int) -> list[float]:
         server.add_insecure_port(f"unix://{socket}")
         server.start()
         try:
-            return _drive(socket, ["x"] * POD_MEM, calls, lambda: time.sleep(0.002))
+            latencies, _ = caller.drive(socket, ["x"] * POD_MEM, calls, lambda: time.sleep(gap))
+            return latencies
         finally:
             server.stop(0)
 
 
 def bench_in_process(calls: int) -> list[float]:
     """The plugin's own work per call (match, answer, records), without gRPC."""
-    with tempfile.TemporaryDirectory(prefix="gp-bench-") as tmp, Node(
-        Path(tmp), f"{GPUS}x80GiB", "cgpu"
-    ) as node:
+    with (
+        tempfile.TemporaryDirectory(prefix="gp-bench-") as tmp,
+        Node(Path(tmp), f"{GPUS}x80GiB", "cgpu") as node,
+    ):
         for _ in range(PENDING):
             node.bind()
         ids = sorted(node.kubelet.devices(GPU_MEM))[:POD_MEM]
@@ -194,9 +271,10 @@ def bench_in_process(calls: int) -> list[float]:
 
 
 def bench_list_size() -> dict[str, int]:
-    with tempfile.TemporaryDirectory(prefix="gp-bench-") as tmp, Node(
-        Path(tmp), "8x141GiB", "core_mem"
-    ) as node:
+    with (
+        tempfile.TemporaryDirectory(prefix="gp-bench-") as tmp,
+        Node(Path(tmp), "8x141GiB", "core_mem") as node,
+    ):
         sizes = {}
         for resource in (GPU_MEM, GPU_COUNT, GPU_CORE):
             socket = node.kubelet.plugin_dir / SOCKET_NAMES[resource]
@@ -232,15 +310,33 @@ def _report(title: str, latencies: list[float]) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--caller"]:
+        serve_calls(*sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(description="device plugin benchmark")
     parser.add_argument("--calls", type=int, default=1000, help="Allocate calls to time")
     args = parser.parse_args()
 
-    _report(
-        f"Allocate over a unix socket, {PENDING} pods waiting (target p99 <= 2 ms)",
-        bench_allocate(args.calls),
-    )
-    _report("Floor: the same caller against a do-nothing gRPC server", bench_floor(args.calls))
+    with tempfile.TemporaryDirectory(prefix="gp-bench-go-") as tmp:
+        go = go_caller(Path(tmp))
+        callers = [python_caller()]
+        if isinstance(go, Caller):
+            callers.insert(0, go)
+        else:
+            print(f"Go caller skipped: {go}")
+        for caller in callers:
+            latencies, gaps = bench_allocate(args.calls, caller)
+            _report(
+                f"Allocate over a unix socket, {PENDING} pods waiting, {caller.name} caller "
+                "(target p99 <= 2 ms)",
+                latencies,
+            )
+            gap = statistics.median(gaps)
+            _report(
+                f"Floor: the {caller.name} caller against a do-nothing gRPC server, "
+                f"calls {gap * 1000:.1f} ms apart as above",
+                bench_floor(args.calls, caller, gap),
+            )
     _report("The plugin's own work per Allocate, in process", bench_in_process(args.calls))
     sizes = bench_list_size()
     print("ListAndWatch full list, core_mem node with 8 x 141 GiB GPUs:")

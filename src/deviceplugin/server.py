@@ -20,6 +20,7 @@ import grpc
 from deviceplugin.allocator import AllocationRefused, Allocator
 from deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from deviceplugin.collector import ADMISSION_CALLS
 from deviceplugin.feed import DeviceFeed
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ class _Service(pb_grpc.DevicePluginServicer):
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
     ) -> pb.PreferredAllocationResponse:
+        ADMISSION_CALLS.during(context)
         responses = []
         for container in request.container_requests:
             try:
@@ -128,6 +130,7 @@ class _Service(pb_grpc.DevicePluginServicer):
     def Allocate(
         self, request: pb.AllocateRequest, context: grpc.ServicerContext
     ) -> pb.AllocateResponse:
+        ADMISSION_CALLS.during(context)
         responses = []
 
         def after_answer(step: Callable[[], None]) -> None:

@@ -242,3 +242,32 @@ def test_the_process_registers_and_stops_cleanly_on_sigterm(short_tmp):
     assert registered, stderr
     assert process.returncode == 0, stderr
     assert "gpushare-device-plugin starting: node=n1 backend=mock" in stderr
+
+
+def test_once_synced_the_start_up_objects_leave_the_collectors_full_passes(
+    short_tmp, monkeypatch, caplog
+):
+    cluster = MemoryCluster()
+    cluster.add_node(gpu_node("n1", parse_layout("1x8GiB", "n1")))
+    frozen = threading.Event()
+    monkeypatch.setattr("deviceplugin.main.gc.freeze", frozen.set)
+    args = build_parser().parse_args(
+        [
+            "--node-name=n1",
+            "--backend=mock",
+            "--mock-gpus=1x8GiB",
+            f"--device-plugin-dir={short_tmp / 'dp'}",
+            "--metrics-port=0",
+        ]
+    )
+    stop = threading.Event()
+    with caplog.at_level(logging.INFO, logger="deviceplugin"):
+        runner = threading.Thread(target=run, args=(args, cluster, stop))
+        runner.start()
+        try:
+            assert frozen.wait(WAIT)
+        finally:
+            stop.set()
+            runner.join(WAIT)
+
+    assert "synced: node and pods listed" in caplog.text

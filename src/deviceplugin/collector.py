@@ -11,13 +11,14 @@ end-of-call callback). The collector is one per process, so the hold is too.
 
 import gc
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 
 class CallContext(Protocol):
     """The part of grpc.ServicerContext the hold uses."""
 
-    def add_callback(self, callback: object) -> bool: ...
+    def add_callback(self, callback: Callable[[], None]) -> bool: ...
 
 
 class CollectorHold:

@@ -24,7 +24,9 @@ def bound(name: str, gpus, second: int = 0, phase: str | None = None, **kwargs) 
     request = parse_pod_request(spec)
     assert request is not None
     allocation = to_allocation(
-        request, Assignment(tuple(tuple(g) for g in gpus), ()), INVENTORY,
+        request,
+        Assignment(tuple(tuple(g) for g in gpus), ()),
+        INVENTORY,
         T0 + timedelta(seconds=second),
     )
     meta = spec.metadata.model_copy(update={"annotations": annotation.encode(allocation)})

@@ -254,9 +254,10 @@ def test_a_pod_placed_by_acks_scheduler_gets_the_uuid_of_its_gpu(make_rig):
     assert (main.envs[MEM_IDX], main.envs[MEM_CONTAINER]) == ("1", "3")
     assert _on_gpu(main.device_ids[GPU_MEM], uuid)
     assert rig.wait_assigned("ack").assigned
-    assert rig.cluster.get_pod("default", "ack").metadata.annotations[
-        "ALIYUN_COM_GPU_MEM_ASSIGNED"
-    ] == "true"
+    assert (
+        rig.cluster.get_pod("default", "ack").metadata.annotations["ALIYUN_COM_GPU_MEM_ASSIGNED"]
+        == "true"
+    )
 
 
 def test_what_can_wait_runs_once_the_answer_has_left(make_rig):

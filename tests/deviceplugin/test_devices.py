@@ -50,8 +50,12 @@ def test_long_or_odd_uuids_are_replaced_by_a_digest():
 def test_unhealthy_gpus_mark_their_devices():
     gpus = (Gpu(0, "GPU-a", 2), Gpu(1, "GPU-b", 2, healthy=False))
     health = {d.id: d.healthy for d in DeviceCatalog(gpus).devices(GPU_MEM)}
-    assert health == {"GPU-a-mem-0": True, "GPU-a-mem-1": True, "GPU-b-mem-0": False,
-                      "GPU-b-mem-1": False}
+    assert health == {
+        "GPU-a-mem-0": True,
+        "GPU-a-mem-1": True,
+        "GPU-b-mem-0": False,
+        "GPU-b-mem-1": False,
+    }
 
 
 def test_preference_keeps_what_must_be_included_and_fills_from_the_wanted_gpus():

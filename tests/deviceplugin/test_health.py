@@ -27,8 +27,9 @@ def test_a_flipped_gpu_turns_its_devices_unhealthy_and_back(make_rig):
     rig.backend.set_healthy(1, False)
 
     assert rig.kubelet.wait_for(
-        lambda: rig.kubelet.capacity(GPU_MEM) == (32, 16)
-        and rig.kubelet.capacity(GPU_COUNT) == (2, 1),
+        lambda: (
+            rig.kubelet.capacity(GPU_MEM) == (32, 16) and rig.kubelet.capacity(GPU_COUNT) == (2, 1)
+        ),
         WAIT,
     )
     assert _health_by_gpu(rig.kubelet.devices(GPU_MEM), sick) == {UNHEALTHY}
@@ -40,8 +41,9 @@ def test_a_flipped_gpu_turns_its_devices_unhealthy_and_back(make_rig):
     rig.backend.set_healthy(1, True)
 
     assert rig.kubelet.wait_for(
-        lambda: rig.kubelet.capacity(GPU_MEM) == (32, 32)
-        and rig.kubelet.capacity(GPU_COUNT) == (2, 2),
+        lambda: (
+            rig.kubelet.capacity(GPU_MEM) == (32, 32) and rig.kubelet.capacity(GPU_COUNT) == (2, 2)
+        ),
         WAIT,
     )
     assert eventually(lambda: _published(rig) == {0: True, 1: True})

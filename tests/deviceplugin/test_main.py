@@ -31,7 +31,7 @@ FLAGS = (
     "--log-level",
 )
 
-FAKE_KUBECLUSTER = '''
+FAKE_KUBECLUSTER = """
 from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.inventory import parse_layout
 
@@ -42,7 +42,7 @@ class KubeCluster:
         cluster = MemoryCluster()
         cluster.add_node(gpu_node("n1", parse_layout("1x8GiB", "n1")))
         return cluster
-'''
+"""
 
 
 def test_help_explains_every_flag(capsys):

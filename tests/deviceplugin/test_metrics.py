@@ -19,10 +19,16 @@ def test_per_gpu_gauges_follow_the_pods_placed_on_each_gpu(make_rig):
     assert [gauge("gpushare_gpu_core_allocated_percent", g) for g in (0, 1)] == [50, 100]
     assert [gauge("gpushare_gpu_pods", g) for g in (0, 1)] == [2, 1]
     assert [gauge("gpushare_gpu_healthy", g) for g in (0, 1)] == [1, 1]
-    assert metrics.value(
-        "gpushare_device_plugin_allocate_total", resource="aliyun.com/gpu-count", result="ok"
-    ) == 1
-    assert metrics.value(
-        "gpushare_device_plugin_match_latency_seconds_count", resource="aliyun.com/gpu-count"
-    ) == 1
+    assert (
+        metrics.value(
+            "gpushare_device_plugin_allocate_total", resource="aliyun.com/gpu-count", result="ok"
+        )
+        == 1
+    )
+    assert (
+        metrics.value(
+            "gpushare_device_plugin_match_latency_seconds_count", resource="aliyun.com/gpu-count"
+        )
+        == 1
+    )
     assert metrics.value("gpushare_device_plugin_registrations_total", resource=GPU_MEM) == 1

@@ -140,8 +140,11 @@ def test_an_assignment_lost_in_a_plugin_restart_is_restored_from_podresources(ma
     rig.plugin.stop()
     # The plugin died before its mark reached the API server.
     unmarked = allocation.model_copy(
-        update={"containers": tuple(c.model_copy(update={"assigned": False})
-                                    for c in allocation.containers)}
+        update={
+            "containers": tuple(
+                c.model_copy(update={"assigned": False}) for c in allocation.containers
+            )
+        }
     )
     rig.cluster.patch_pod_annotations("default", "p", annotation.assigned_annotations(unmarked))
 

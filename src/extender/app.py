@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from anyio import CapacityLimiter, to_thread
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.concurrency import run_in_threadpool
 
 from extender import verbs, webhook
 from extender.argsreader import ExtenderArgsReader
@@ -36,6 +36,10 @@ from extender.wire import (
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
+
+BINDS_AT_ONCE = 40
+"""Binds that run at once, each in a worker thread waiting on the API server; further
+binds wait for a thread. It sizes the API client's pool (service.API_CONNECTIONS)."""
 
 
 class Extender:
@@ -100,7 +104,13 @@ def extender_app(extender: Extender, url_prefix: str) -> FastAPI:
     for verb, handler in verbs_.items():
         app.add_api_route(
             f"{prefix}/{verb}",
-            _endpoint(verb, handler, extender.metrics, inline=verb != "bind"),
+            _endpoint(
+                verb,
+                handler,
+                extender.metrics,
+                inline=verb != "bind",
+                at_once=BINDS_AT_ONCE if verb == "bind" else None,
+            ),
             methods=["POST"],
             name=verb,
         )
@@ -163,21 +173,33 @@ def webhook_app(extender: Extender) -> FastAPI:
 
 
 def _endpoint(
-    verb: str, handler: Callable[[bytes], bytes], metrics: ExtenderMetrics, inline: bool = False
+    verb: str,
+    handler: Callable[[bytes], bytes],
+    metrics: ExtenderMetrics,
+    inline: bool = False,
+    at_once: int | None = None,
 ) -> Callable[[Request], Any]:
     """An endpoint that times the handler and turns a bad body into a 400 naming the field.
 
     `inline` handlers run on the event loop: filter, prioritize and preempt only
     compute (a few milliseconds at most), so a hop to the thread pool would cost
-    more than it saves. Bind waits on the API server and runs in the pool.
+    more than it saves. Bind waits on the API server and runs in the pool, at most
+    `at_once` calls at a time when given.
     """
     latency = metrics.latency.labels(verb)
+    limiter: CapacityLimiter | None = None  # None: anyio's default thread pool
 
     async def endpoint(request: Request) -> Response:
+        nonlocal limiter
         body = await request.body()
         started = time.perf_counter()
         try:
-            answer = handler(body) if inline else await run_in_threadpool(handler, body)
+            if inline:
+                answer = handler(body)
+            else:
+                if at_once is not None and limiter is None:
+                    limiter = CapacityLimiter(at_once)  # here: older anyio needs a running loop
+                answer = await to_thread.run_sync(handler, body, limiter=limiter)
         except WireError as err:
             log.info("%s: bad request: %s", verb, err)
             return Response(dumps({"Error": f"{verb}: {err}"}), 400, media_type=JSON)

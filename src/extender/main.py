@@ -11,7 +11,6 @@ rebuilt from the pods' allocation annotations alone.
 import argparse
 import gc
 import logging
-import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from extender.policychoice import validate_default
 from extender.server import HttpServer
-from extender.service import ExtenderConfig, ExtenderService
+from extender.service import API_CONNECTIONS, ExtenderConfig, ExtenderService
 from gpushare.policies import POLICIES
 from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
 
@@ -76,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--kubeconfig",
-        default=os.environ.get("KUBECONFIG", ""),
-        help="kubeconfig file (env KUBECONFIG); empty means the in-cluster service account",
+        default=None,
+        help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else the "
+        "in-cluster service account)",
     )
     parser.add_argument(
         "--log-level",
@@ -133,14 +133,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from kubecluster import KubeCluster
 
-    where = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster configuration"
     try:
-        cluster = KubeCluster.from_config(args.kubeconfig or None)
+        cluster = KubeCluster.from_config(args.kubeconfig, connections=API_CONNECTIONS)
         service = ExtenderService(cluster, config)
     except Exception as err:  # no cluster to talk to: say so and stop
-        print(f"gpushare-extender: cannot start with the {where}: {err}", file=sys.stderr)
+        print(f"gpushare-extender: cannot start: {err}", file=sys.stderr)
         return 2
-    log.info("%s, API server from the %s", config.summary(), where)
+    log.info("%s, API server from %s", config.summary(), cluster.origin)
     service.start_watching()
     threading.Thread(target=_report_sync, args=(service,), name="sync", daemon=True).start()
     webhook = None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from extender.app import Extender, extender_app, webhook_app
+from extender.app import BINDS_AT_ONCE, Extender, extender_app, webhook_app
 from extender.binder import Binder
 from extender.cache import SchedulerCache, interesting
 from extender.metrics import ExtenderMetrics
@@ -15,6 +15,10 @@ from extender.version import VERSION
 from gpushare.cluster import Cluster
 from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
 from kubecluster.watchcache import WatchCache
+
+API_CONNECTIONS = BINDS_AT_ONCE + 2
+"""Requests the extender has open against the API server at most: one per bind
+running (its calls follow one another) and the node and pod watches."""
 
 
 @dataclass(frozen=True)

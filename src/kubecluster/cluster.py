@@ -8,6 +8,7 @@ API errors become the port's errors: 404 NotFound, 409 Conflict or AlreadyBound,
 
 import json
 import logging
+import os
 import re
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config import ConfigException
 from kubernetes.watch import Watch as ClientWatch
 from pydantic import ValidationError
 
@@ -42,6 +44,10 @@ WATCH_TIMEOUT_S = 300
 last resourceVersion it saw (what client-go does with its random 5-10 min)."""
 
 EVENT_SOURCE = "gpushare"
+
+KUBECONFIG_ENV = "KUBECONFIG"
+HOME_KUBECONFIG = "~/.kube/config"
+IN_CLUSTER = "the in-cluster service account"
 
 _ASSIGNED = re.compile(r'is already assigned to node "([^"]*)"')
 
@@ -83,19 +89,33 @@ class KubeWatch(Iterator[WatchEvent[_T]]):
 class KubeCluster:
     """Implements gpushare.cluster.Cluster against a Kubernetes API server."""
 
-    def __init__(self, api: client.ApiClient, watch_timeout_s: int = WATCH_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        watch_timeout_s: int = WATCH_TIMEOUT_S,
+        origin: str = "",
+    ) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.watch_timeout_s = watch_timeout_s
+        self.origin = origin
+        """Where the configuration came from, for the start-up log line."""
 
     @classmethod
-    def from_config(cls, kubeconfig: str | None) -> "KubeCluster":
-        """In-cluster configuration when `kubeconfig` is None or empty, else that file."""
-        if kubeconfig:
-            return cls(config.new_client_from_config(config_file=kubeconfig))
+    def from_config(
+        cls, kubeconfig: str | None = None, connections: int | None = None
+    ) -> "KubeCluster":
+        """The API server found as kubectl finds it (see `load_configuration`).
+
+        `connections` is the most requests the caller makes at once (watches
+        included): the client keeps that many connections open for reuse, where
+        its default pool (a few per CPU) would open and discard extra ones.
+        """
         configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)
-        return cls(client.ApiClient(configuration))
+        if connections is not None:
+            configuration.connection_pool_maxsize = connections
+        origin = load_configuration(kubeconfig, configuration)
+        return cls(client.ApiClient(configuration), origin=origin)
 
     # ----- nodes
 
@@ -261,6 +281,46 @@ class KubeCluster:
         raw = self.api.sanitize_for_serialization(result)
         items = [_convert(kind, item) for item in raw.get("items") or []]
         return Listing(items, (raw.get("metadata") or {}).get("resourceVersion", ""))
+
+
+def load_configuration(kubeconfig: str | None, configuration: client.Configuration) -> str:
+    """Fills `configuration` the way kubectl finds its cluster and says from where:
+    the kubeconfig file(s) given, else those listed in $KUBECONFIG, else
+    ~/.kube/config, else the service account of the pod it runs in.
+
+    Raises ConfigException naming what it tried when none of them works.
+    """
+    if kubeconfig:
+        if not _existing(kubeconfig):
+            raise ConfigException(f"the kubeconfig {kubeconfig} does not exist")
+        return _load_kubeconfig(kubeconfig, configuration)
+    listed = os.environ.get(KUBECONFIG_ENV, "")
+    paths = listed or HOME_KUBECONFIG
+    if _existing(paths):
+        return _load_kubeconfig(paths, configuration)
+    where = f"${KUBECONFIG_ENV} ({listed})" if listed else HOME_KUBECONFIG
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except ConfigException as err:
+        raise ConfigException(
+            f"no Kubernetes API configuration: tried --kubeconfig (not given), {where} "
+            f"(no such file) and {IN_CLUSTER} ({err})"
+        ) from None
+    return IN_CLUSTER
+
+
+def _existing(paths: str) -> list[str]:
+    """The files of a kubeconfig path list (separated as in $KUBECONFIG) that exist."""
+    expanded = (os.path.expanduser(path) for path in paths.split(os.pathsep) if path)
+    return [path for path in expanded if os.path.isfile(path)]
+
+
+def _load_kubeconfig(paths: str, configuration: client.Configuration) -> str:
+    try:
+        config.load_kube_config(config_file=paths, client_configuration=configuration)
+    except ConfigException as err:
+        raise ConfigException(f"the kubeconfig {paths}: {err}") from None
+    return f"kubeconfig {paths}"
 
 
 def _node_selector(node_name: str | None) -> dict[str, str]:

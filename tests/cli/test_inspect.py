@@ -16,6 +16,7 @@ from gpushare.request import parse_pod_request
 from gpushare.state import ClusterState
 from gpushare_cli import inspect
 from tests.builders import T0, container, pod
+from tests.kubecluster.apiserver import ApiServer
 
 
 def place(cluster: MemoryCluster, new: Pod, node: str) -> None:
@@ -217,3 +218,21 @@ def test_main_defaults_to_in_cluster_or_kubeconfig_env(kube, capsys):
 def test_main_names_an_unknown_node_and_fails(kube, capsys):
     assert inspect.main(["nope"]) == 1
     assert 'node "nope" not found' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["KUBECONFIG", "HOME"])
+def test_main_finds_the_cluster_as_kubectl_does(cluster, where, monkeypatch, tmp_path, capsys):
+    """In a shell: $KUBECONFIG, else ~/.kube/config, not the in-cluster service account."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    api = ApiServer(cluster)
+    try:
+        if where == "KUBECONFIG":
+            monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kc")))
+        else:
+            monkeypatch.delenv("KUBECONFIG", raising=False)
+            api.write_kubeconfig(tmp_path / "home" / ".kube" / "config")
+        assert inspect.main([]) == 0, capsys.readouterr().err
+    finally:
+        api.close()
+    assert capsys.readouterr().out.rstrip("\n") == SUMMARY

@@ -49,7 +49,7 @@ def test_help_explains_every_flag():
     [
         (["--tls-cert-file", "/nonexistent.crt"], "give both --tls-cert-file and --tls-key-file"),
         (["--tls-cert-file", "/no.crt", "--tls-key-file", "/no.key"], "does not exist"),
-        (["--kubeconfig", "/nonexistent/kubeconfig"], "with the kubeconfig /nonexistent"),
+        (["--kubeconfig", "/nonexistent/kubeconfig"], "/nonexistent/kubeconfig does not exist"),
         (["--default-placement", "tetris"], "'tetris' is not a placement policy"),
         (["--max-pods-per-gpu", "0"], "at least 1"),
     ],

@@ -1,10 +1,15 @@
 """The same extender over KubeCluster: scheduler JSON in, Kubernetes API calls out."""
 
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 from kubernetes import client
 
+from extender.app import BINDS_AT_ONCE
 from extender.server import HttpServer
-from extender.service import ExtenderConfig, ExtenderService
+from extender.service import API_CONNECTIONS, ExtenderConfig, ExtenderService
 from gpushare import annotation
 from gpushare.cluster.memory import MemoryCluster
 from kubecluster import KubeCluster
@@ -48,3 +53,50 @@ def test_filter_and_bind_through_the_kubernetes_api():
         server.stop()
         service.stop_watching()
         api.close()
+
+
+def test_a_burst_of_binds_keeps_every_api_connection(tmp_path, caplog):
+    """As many binds as run at once, all waiting on the API server together, beside
+    the two watches: the client's pool keeps every connection for reuse."""
+    memory = MemoryCluster()
+    names = [f"n{i:02}" for i in range(BINDS_AT_ONCE)]
+    for name in names:
+        memory.add_node(node(name, "1x16GiB"))
+    pods = [memory.create_pod(pod(f"p{i:02}", mem=4)) for i in range(BINDS_AT_ONCE)]
+    api = ApiServer(memory)
+    together = threading.Barrier(BINDS_AT_ONCE, timeout=20)
+    handle = api.handle
+
+    def binding_waits_for_the_others(method, path, query, body):
+        if path.endswith("/binding"):
+            together.wait()
+        return handle(method, path, query, body)
+
+    api.handle = binding_waits_for_the_others
+    kube = KubeCluster.from_config(
+        str(api.write_kubeconfig(tmp_path / "kubeconfig")), connections=API_CONNECTIONS
+    )
+    service = ExtenderService(kube, ExtenderConfig()).start_watching()
+    server = HttpServer(service.app()).start()
+    caplog.set_level(logging.WARNING, logger="urllib3")
+    try:
+        assert service.wait_synced(10)
+        wait_until(lambda: len(service.cache.pods) == len(pods), what="the watch to see the pods")
+
+        def bind(i: int) -> dict:
+            meta = pods[i].metadata
+            body = {"PodName": meta.name, "PodNamespace": "default", "PodUID": meta.uid}
+            return http.post("/bind", json={**body, "Node": names[i]}).json()
+
+        with (
+            httpx.Client(base_url=server.url + PREFIX, timeout=30) as http,
+            ThreadPoolExecutor(BINDS_AT_ONCE) as pool,
+        ):
+            answers = list(pool.map(bind, range(BINDS_AT_ONCE)))
+        assert answers == [{"Error": ""}] * BINDS_AT_ONCE
+        assert all(memory.get_pod("default", p.metadata.name).spec.node_name for p in pods)
+    finally:
+        server.stop()
+        service.stop_watching()
+        api.close()
+    assert not [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()]

@@ -9,8 +9,11 @@ import json
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+import yaml
 
 from gpushare.cluster import AlreadyBound, Conflict, Expired, NotFound
 from gpushare.cluster.memory import MemoryCluster
@@ -65,6 +68,20 @@ class ApiServer:
             watches, self._watches = list(self._watches), set()
         for watch in watches:
             watch.stop()
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig at `path` whose current context is this server."""
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "stub", "cluster": {"server": self.url}}],
+            "users": [{"name": "u", "user": {"token": "secret-token"}}],
+            "contexts": [{"name": "c", "context": {"cluster": "stub", "user": "u"}}],
+            "current-context": "c",
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(kubeconfig))
+        return path
 
     def seen(self, method: str, path_part: str = "") -> list[Seen]:
         return [r for r in self.requests if r.method == method and path_part in r.path]

@@ -5,8 +5,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes import client
+from kubernetes.config import ConfigException
 
 from gpushare.cluster import (
     AlreadyBound,
@@ -174,24 +174,46 @@ def test_events_are_recorded_on_the_object_and_never_raise(memory, api, kube):
     kube.record_event(ref, EventSeverity.NORMAL, "Ignored", "the server is down")
 
 
-def test_from_config_reads_a_kubeconfig(memory, api, tmp_path: Path):
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "stub", "cluster": {"server": api.url}}],
-        "users": [{"name": "u", "user": {"token": "secret-token"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "stub", "user": "u"}}],
-        "current-context": "c",
-    }
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(kubeconfig))
+@pytest.fixture
+def no_configuration(monkeypatch, tmp_path: Path) -> Path:
+    """A shell with no $KUBECONFIG, an empty home and no pod around it; the home."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
+    return home
+
+
+def test_from_config_reads_the_kubeconfig_given(memory, api, no_configuration, tmp_path: Path):
+    path = api.write_kubeconfig(tmp_path / "kubeconfig")
     kube = KubeCluster.from_config(str(path))
     assert [n.name for n in kube.list_nodes().items] == ["n1", "n2"]
 
 
-def test_from_config_without_a_kubeconfig_needs_a_pod(monkeypatch):
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    from kubernetes.config import ConfigException
+def test_from_config_reads_the_kubeconfig_env_as_kubectl_does(
+    memory, api, no_configuration, monkeypatch, tmp_path: Path
+):
+    path = api.write_kubeconfig(tmp_path / "elsewhere" / "config")
+    (no_configuration / ".kube").mkdir()
+    (no_configuration / ".kube" / "config").write_text("not: the one\n")  # $KUBECONFIG wins
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'missing'}:{path}")
+    kube = KubeCluster.from_config(None)
+    assert [n.name for n in kube.list_nodes().items] == ["n1", "n2"]
+    assert str(path) in kube.origin
 
-    with pytest.raises(ConfigException):
+
+def test_from_config_falls_back_to_the_home_kubeconfig(memory, api, no_configuration):
+    api.write_kubeconfig(no_configuration / ".kube" / "config")
+    kube = KubeCluster.from_config(None)
+    assert [n.name for n in kube.list_nodes().items] == ["n1", "n2"]
+
+
+def test_from_config_without_any_configuration_names_what_it_tried(no_configuration):
+    with pytest.raises(ConfigException) as missing:
         KubeCluster.from_config(None)
+    message = str(missing.value)
+    assert "~/.kube/config" in message and "in-cluster" in message
+    with pytest.raises(ConfigException, match="kubeconfig /nonexistent/config does not exist"):
+        KubeCluster.from_config("/nonexistent/config")

@@ -1,9 +1,15 @@
-"""The kind cluster with gpushare installed from the chart (mock GPUs), once per session.
+"""The clusters the end-to-end scenarios run on, each made once per session.
 
-Environment: GPUSHARE_E2E=0 skips the suite; GPUSHARE_E2E_CLUSTER names the kind
-cluster (an existing one is reused and kept); GPUSHARE_E2E_KEEP=1 keeps a cluster the
-suite created. On any failure the cluster's state and logs are written under the
-pytest base temp directory, and the path is printed.
+`deployed`: a kind cluster with gpushare installed from the chart (mock GPUs).
+GPUSHARE_E2E=0 skips it; GPUSHARE_E2E_CLUSTER names the kind cluster (an existing one
+is reused and kept); GPUSHARE_E2E_KEEP=1 keeps a cluster the suite created.
+
+`local`: the real single-node cluster on this machine from upstream binaries
+(GPUSHARE_E2E_K8S_BIN), with gpushare's parts as host processes (tests/e2e/local.py).
+GPUSHARE_E2E_KEEP=1 leaves it running.
+
+On any failure the cluster's state and logs are written under the pytest base temp
+directory, and the path is printed.
 """
 
 import os
@@ -14,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.kind import ROOT, Kind, missing_prerequisites, run, wait_for
+from tests.e2e import local as local_tier
+from tests.e2e.kind import Kind, missing_prerequisites
+from tests.e2e.kube import ROOT, run, wait_for
 from tests.e2e.workloads import IMAGE, WORKLOAD_LABEL
 
 RELEASE = "gs"
@@ -23,6 +31,7 @@ MOCK_GPUS = "4x16GiB"
 MODES = ("cgpu", "core_mem")
 
 _failures: list[str] = []
+_local_failures: list[str] = []
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -31,6 +40,8 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.failed and "e2e" in item.keywords:
         _failures.append(item.nodeid)
+    if report.failed and "realcluster" in item.keywords:
+        _local_failures.append(item.nodeid)
 
 
 @dataclass(frozen=True)
@@ -46,8 +57,8 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
     if reason:
         pytest.skip(reason)
     kind = Kind(
-        os.environ.get("GPUSHARE_E2E_CLUSTER", "gpushare-e2e"),
-        tmp_path_factory.mktemp("kind") / "kubeconfig",
+        kubeconfig=tmp_path_factory.mktemp("kind") / "kubeconfig",
+        name=os.environ.get("GPUSHARE_E2E_CLUSTER", "gpushare-e2e"),
     )
     reused = kind.exists()
     try:
@@ -104,3 +115,32 @@ def install(kind: Kind) -> Deployed:
 def venv_bin() -> Path:
     """Where the project's console scripts are, so kubectl finds the inspect plugin."""
     return Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_tier.LocalCluster]:
+    reason = local_tier.missing_prerequisites()
+    if reason:
+        pytest.skip(reason)
+    root = Path(os.environ.get("GPUSHARE_E2E_STATE_ROOT", "/tmp"))
+    bins = local_tier.binaries(Path(os.environ["GPUSHARE_E2E_K8S_BIN"]), root)
+    state = Path(os.environ.get("GPUSHARE_E2E_STATE", root / f"gpushare-e2e-{bins.version}"))
+    cluster = local_tier.LocalCluster(kubeconfig=state / "kubeconfig", state=state, bins=bins)
+    try:
+        cluster.up()
+        print(
+            f"\nlocal cluster {bins.version}: "
+            + ", ".join(f"{what} {seconds:.1f}s" for what, seconds in cluster.timings.items())
+        )
+        yield cluster
+    except BaseException:
+        _local_failures.append("local cluster setup")
+        raise
+    finally:
+        if _local_failures:
+            logs = cluster.dump(tmp_path_factory.getbasetemp() / f"realcluster-{bins.version}")
+            print(f"\nreal-cluster failures {_local_failures}: state and logs in {logs}")
+        if os.environ.get("GPUSHARE_E2E_KEEP") == "1":
+            print(f"\nGPUSHARE_E2E_KEEP=1: cluster left running; KUBECONFIG={cluster.kubeconfig}")
+        else:
+            cluster.down()

@@ -1,21 +1,14 @@
 """A kind cluster driven through the real CLIs (docker, kind, kubectl, helm)."""
 
-import json
 import os
 import shutil
 import subprocess
-import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
 
-import yaml
+from tests.e2e.kube import ROOT, KubectlTarget, run
 
-ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("docker", "kind", "kubectl", "helm")
-
-T = TypeVar("T")
 
 
 def missing_prerequisites() -> str | None:
@@ -35,48 +28,9 @@ def missing_prerequisites() -> str | None:
     )
 
 
-def run(
-    args: Sequence[str],
-    *,
-    env: dict[str, str] | None = None,
-    timeout: float = 600,
-    check: bool = True,
-    stdin: str | None = None,
-) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        list(args), capture_output=True, text=True, timeout=timeout, env=env, input=stdin
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(
-            f"{' '.join(args)} exited {result.returncode}\n"
-            f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-        )
-    return result
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 300, every: float = 3) -> T:
-    """Poll until probe() returns something truthy; fail naming `what` after the timeout."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = probe()
-            if value:
-                return value
-        except (AssertionError, subprocess.SubprocessError, ValueError, KeyError) as err:
-            last = err
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last error: {last}")
-
-
 @dataclass
-class Kind:
-    name: str
-    kubeconfig: Path
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+class Kind(KubectlTarget):
+    name: str = "gpushare-e2e"
 
     def create(self) -> None:
         run(["kind", "create", "cluster", "--config", str(ROOT / "kind-config.yaml"),
@@ -96,20 +50,6 @@ class Kind:
 
     def load_image(self, image: str) -> None:
         run(["kind", "load", "docker-image", image, "--name", self.name], timeout=600)
-
-    def kubectl(
-        self, *args: str, check: bool = True, timeout: float = 120, stdin: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        return run(["kubectl", *args], env=self.env, check=check, timeout=timeout, stdin=stdin)
-
-    def helm(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        return run(["helm", *args], env=self.env, timeout=timeout)
-
-    def get(self, *args: str) -> Any:
-        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
-
-    def apply(self, documents: list[dict[str, Any]], check: bool = True):
-        return self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(documents), check=check)
 
     def dump(self, into: Path, namespaces: dict[str, str]) -> Path:
         """Everything needed to see why a test failed, one file per command; `namespaces`

@@ -1,8 +1,9 @@
-"""The repository's examples/, made runnable on kind nodes whose GPUs are mock ones.
+"""The repository's examples/, made runnable on nodes whose GPUs are mock ones.
 
 Each example keeps its resources, labels and scheduler name; only the containers
-change: they run the gpushare image (already loaded into kind, so nothing is
-pulled), print their environment and sleep, since there is no GPU to use.
+change: they run a local image (the gpushare image loaded into kind, or the local
+cluster's busybox), print their environment and wait, since there is no GPU to
+use. The wait ends at SIGTERM, so a deleted pod is gone in about a second.
 """
 
 import copy
@@ -11,18 +12,22 @@ from typing import Any
 
 import yaml
 
-from tests.e2e.kind import ROOT
+from tests.e2e.kube import ROOT
 
 IMAGE = "gpushare/gpushare:e2e"
+"""The kind suite's image; the local real cluster has only `local/busybox:1`."""
+BUSYBOX = "local/busybox:1"
 WORKLOAD_LABEL = "gpushare-e2e=true"
 EXAMPLES = ROOT / "examples"
 
-_APP = ["sh", "-c", "env | sort; exec sleep 3600"]
+_APP = ["sh", "-c", 'trap "exit 0" TERM; env | sort; while :; do sleep 1; done']
 _INIT = ["sh", "-c", "env | sort"]
 _WORKLOADS = {"Job", "Deployment", "ReplicaSet", "StatefulSet", "DaemonSet"}
 
 
-def runnable(document: dict[str, Any]) -> dict[str, Any]:
+def runnable(
+    document: dict[str, Any], image: str = IMAGE, pull_policy: str = "Never"
+) -> dict[str, Any]:
     doc = copy.deepcopy(document)
     template = doc["spec"]["template"] if doc["kind"] in _WORKLOADS else doc
     labels = template.setdefault("metadata", {}).setdefault("labels", {})
@@ -31,13 +36,15 @@ def runnable(document: dict[str, Any]) -> dict[str, Any]:
     spec = template["spec"]
     for group, command in (("initContainers", _INIT), ("containers", _APP)):
         for container in spec.get(group, []):
-            container.update(image=IMAGE, imagePullPolicy="Never", command=command)
+            container.update(image=image, imagePullPolicy=pull_policy, command=command)
             container.pop("args", None)
     return doc
 
 
-def manifests(path: Path) -> list[dict[str, Any]]:
-    return [runnable(doc) for doc in yaml.safe_load_all(path.read_text()) if doc]
+def manifests(path: Path, image: str = IMAGE, pull_policy: str = "Never") -> list[dict[str, Any]]:
+    return [
+        runnable(doc, image, pull_policy) for doc in yaml.safe_load_all(path.read_text()) if doc
+    ]
 
 
 def valid_examples() -> list[Path]:

@@ -30,6 +30,7 @@ from extender.wire import (
     PreemptionArgs,
     WireError,
     dumps,
+    for_scheduler,
     parse,
 )
 
@@ -202,7 +203,8 @@ def _endpoint(
                 answer = await to_thread.run_sync(handler, body, limiter=limiter)
         except WireError as err:
             log.info("%s: bad request: %s", verb, err)
-            return Response(dumps({"Error": f"{verb}: {err}"}), 400, media_type=JSON)
+            error = for_scheduler(f"{verb}: {err}")
+            return Response(dumps({"Error": error}), 400, media_type=JSON)
         finally:
             latency.observe(time.perf_counter() - started)
         return Response(answer, media_type=JSON)

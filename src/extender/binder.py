@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from extender.cache import SchedulerCache
 from extender.metrics import ExtenderMetrics
 from extender.policychoice import pod_policy
-from extender.wire import BindingArgs
+from extender.wire import BindingArgs, for_scheduler
 from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster import (
@@ -77,7 +77,7 @@ class Binder:
                 args.node,
                 refused,
             )
-            return str(refused)
+            return for_scheduler(str(refused))
         self._metrics.binds.labels("bound").inc()
         return ""
 

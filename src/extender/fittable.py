@@ -15,6 +15,7 @@ from collections.abc import Callable
 from operator import itemgetter
 from typing import NamedTuple
 
+from extender.wire import for_scheduler
 from gpushare.errors import Refusal
 from gpushare.placement import Placement
 
@@ -200,7 +201,7 @@ class FitTable:
         if fit.refusal is None:
             entry = (key, None, None, None, priority)
         else:
-            reason = f"{key}:{json.dumps(fit.reason)}"
+            reason = f"{key}:{json.dumps(for_scheduler(fit.reason))}"
             resolvable = fit.refusal.rule.resolvable
             entry = (
                 None,

@@ -11,7 +11,7 @@ from typing import Any
 from extender.cache import SchedulerCache
 from extender.metrics import ExtenderMetrics
 from extender.policychoice import pod_policy
-from extender.wire import ExtenderArgs, PreemptionArgs, dumps
+from extender.wire import ExtenderArgs, PreemptionArgs, dumps, for_scheduler
 from gpushare.errors import PodRefused
 from gpushare.placement import Placement, evaluate
 from gpushare.request import PodRequest, parse_pod_request
@@ -25,7 +25,8 @@ def filter_nodes(cache: SchedulerCache, metrics: ExtenderMetrics, args: Extender
     except PodRefused as refused:
         for refusal in refused.refusals:
             metrics.filter_rejections.labels(refusal.rule.value).inc(len(names))
-        reasons = dumps({name: str(refused) for name in names}).decode()
+        reason = for_scheduler(str(refused))
+        reasons = dumps(dict.fromkeys(names, reason)).decode()
         return _answer_without_table(args, [], reasons)
     if request is None:
         return _answer_without_table(args, names, "{}")

@@ -122,5 +122,14 @@ def describe(err: ValidationError) -> str:
     return "; ".join(problems) + (f" (and {more} more)" if more > 0 else "")
 
 
+def for_scheduler(text: str) -> str:
+    """`text` with "percent" written for every '%'. kube-scheduler (1.28 still) uses
+    an extender's refusal reasons and errors as printf format strings, so a '%' would
+    read "%!c(MISSING)" in the pod's events. The core's messages say "percent"
+    already; this covers what the extender passes on from elsewhere (API server
+    messages, annotation contents)."""
+    return text.replace("%", " percent")
+
+
 def dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()

@@ -387,7 +387,7 @@ def _diagnose_alone(view: NodeView, c: ContainerRequest) -> Refusal | None:
         return Refusal(
             Rule.INSUFFICIENT_CORE,
             f"{where}; among GPUs of node {view.name} with the memory free, the most "
-            f"compute free is {most}%",
+            f"compute free is {most} percent",
         )
     if sum(1 for g in with_core if g.slots > 0) < c.gpus:
         return Refusal(

@@ -66,7 +66,8 @@ class ContainerRequest:
     def describe(self) -> str:
         if self.exclusive:
             return f"{self.gpus} whole GPU{'s' if self.gpus > 1 else ''}"
-        slice_ = f"{self.mem} GiB" + (f" + {self.core}% compute" if self.core else "")
+        # "percent", not "%": kube-scheduler reads refusal reasons as printf formats.
+        slice_ = f"{self.mem} GiB" + (f" + {self.core} percent compute" if self.core else "")
         if self.gpus == 1:
             return f"{slice_} on one GPU"
         return f"{slice_} on each of {self.gpus} GPUs"

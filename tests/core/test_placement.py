@@ -99,6 +99,18 @@ def test_compute_never_goes_past_100_percent():
     assert refusal(state, request(mem=1, core=5)).rule is Rule.INSUFFICIENT_CORE
 
 
+def test_compute_is_written_percent_in_words():
+    """kube-scheduler reads refusal reasons as printf formats: a '%' would be mangled."""
+    state = node_state("1x16GiB", mode=NodeMode.CORE_MEM)
+    place(state, request(mem=1, core=100), "a")
+    found = refusal(state, request(mem=2, core=10))
+    assert found.message == (
+        "container 'main' needs 2 GiB + 10 percent compute on one GPU; among GPUs of "
+        "node n1 with the memory free, the most compute free is 0 percent"
+    )
+    assert "%" not in str(found)
+
+
 def test_compute_needs_a_core_mem_node():
     found = refusal(node_state("1x16GiB", mode=NodeMode.CGPU), request(mem=1, core=30))
     assert found.rule is Rule.NODE_MODE_NO_COMPUTE

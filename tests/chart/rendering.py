@@ -1,6 +1,8 @@
 """The chart rendered by Helm's own engine (helm-python-sdk binds Helm's Go SDK),
 and each object loaded into the Kubernetes API models of the official client."""
 
+import inspect
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -8,6 +10,7 @@ from typing import Any
 
 import helm_python as helm
 import yaml
+from helm_python import _native
 from kubernetes.client import ApiClient
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "gpushare"
@@ -39,11 +42,51 @@ class Rendered:
         return found[0]
 
 
-def render(values: Mapping[str, Any] | None = None, namespace: str = NAMESPACE) -> Rendered:
+WEBHOOK_KINDS = ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
+
+
+def _manifests(
+    values: Mapping[str, Any], *, release: str, namespace: str, kube_version: str | None
+) -> dict[str, str]:
     with helm.Chart.load(CHART) as chart:
-        manifests = chart.render(
-            dict(values or {}), name=RELEASE, namespace=namespace, is_install=True
+        if kube_version is None:
+            return chart.render(dict(values), name=release, namespace=namespace, is_install=True)
+        if "kube_version" in inspect.signature(chart.render).parameters:  # a later binding
+            return chart.render(  # type: ignore[call-arg]
+                dict(values),
+                name=release,
+                namespace=namespace,
+                is_install=True,
+                kube_version=kube_version,
+            )
+        # helm-python-sdk 0.2 does not expose it, but the library's render options
+        # take kube_version (`helm template --kube-version`): .Capabilities.KubeVersion.
+        options = {
+            "name": release,
+            "namespace": namespace,
+            "is_install": True,
+            "kube_version": kube_version,
+        }
+        rendered = _native.call_string(
+            "helm_render",
+            chart._raw(),  # type: ignore[attr-defined]
+            json.dumps(dict(values)),
+            json.dumps(options),
         )
+        return json.loads(rendered)
+
+
+def render(
+    values: Mapping[str, Any] | None = None,
+    namespace: str = NAMESPACE,
+    kube_version: str | None = None,
+    release: str = RELEASE,
+) -> Rendered:
+    """The chart as `helm install` renders it: objects and NOTES. kube_version
+    (e.g. "v1.27.0") is the cluster's .Capabilities.KubeVersion; None: Helm's default."""
+    manifests = _manifests(
+        values or {}, release=release, namespace=namespace, kube_version=kube_version
+    )
     objects: list[dict[str, Any]] = []
     notes = ""
     for path, text in sorted(manifests.items()):
@@ -52,6 +95,42 @@ def render(values: Mapping[str, Any] | None = None, namespace: str = NAMESPACE) 
             continue
         objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
     return Rendered(objects, notes)
+
+
+def render_chart(
+    values: Mapping[str, Any],
+    kube_version: str,
+    *,
+    namespace: str = NAMESPACE,
+    release: str = RELEASE,
+) -> list[dict[str, Any]]:
+    """Every object the chart renders for these values on a cluster of kube_version
+    ("1.27", "v1.28.3", "v1.30.2-eks-1"), with Helm's own engine, as plain dicts.
+
+    No cluster is contacted: kube_version stands in for .Capabilities.KubeVersion, so
+    the version-dependent parts (webhook matchConditions and failurePolicy, the
+    kube-scheduler image) come out as `helm install` would make them on that
+    version. Raises helm_python.HelmValuesError when the values break the schema.
+    """
+    version = kube_version if kube_version.startswith("v") else f"v{kube_version}"
+    return render(values, namespace, version, release).objects
+
+
+def webhook_configurations(
+    values: Mapping[str, Any],
+    kube_version: str,
+    *,
+    namespace: str = NAMESPACE,
+    release: str = RELEASE,
+) -> list[dict[str, Any]]:
+    """The chart's ValidatingWebhookConfiguration and MutatingWebhookConfiguration, in
+    that order, as render_chart renders them ([] when webhook.enabled is false).
+
+    Each webhook's clientConfig names the extender Service with the chart's own
+    caBundle; a caller that serves the webhook elsewhere replaces clientConfig.
+    """
+    objects = render_chart(values, kube_version, namespace=namespace, release=release)
+    return [o for kind in WEBHOOK_KINDS for o in objects if o["kind"] == kind]
 
 
 def model_class(obj: Mapping[str, Any]) -> str:

@@ -28,6 +28,8 @@ from tests.chart.rendering import (
     dropped_fields,
     flags,
     render,
+    render_chart,
+    webhook_configurations,
 )
 
 VALUE_SETS = {
@@ -43,6 +45,17 @@ VALUE_SETS = {
         "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}
     },
     "failure-ignore": {"webhook": {"failurePolicy": "Ignore", "matchConditions": False}},
+    "fail-without-match-conditions": {
+        "webhook": {"failurePolicy": "Fail", "matchConditions": False}
+    },
+    "opt-in-selectors": {
+        "webhook": {
+            "failurePolicy": "Fail",
+            "matchConditions": False,
+            "objectSelector": {"matchLabels": {"gpushare.io/webhook": "true"}},
+            "namespaceSelector": {"matchLabels": {"gpushare.io/gpu-workloads": "true"}},
+        }
+    },
     "unprivileged-agent": {"isolation": {"privileged": False, "hostPID": False}},
     "minimal": {
         "isolation": {"enabled": False},
@@ -440,6 +453,183 @@ def test_installing_into_kube_system_excludes_it_once():
     assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system"]
 
 
+# ----- the webhooks on clusters with and without matchConditions
+
+WITH_MATCH_CONDITIONS = ["v1.28.0", "v1.33.1", "v1.28.9-gke.1000000"]
+WITHOUT_MATCH_CONDITIONS = ["v1.25.0", "v1.27.3", "v1.27.16-eks-2f46c53"]
+DEPENDS_ON_THE_EXTENDER = "non-GPU pods depend on the extender"
+
+
+def hooks_at(values: dict, kube_version: str) -> list[dict]:
+    """Both webhooks (validating, mutating) as the chart renders them on that version."""
+    configurations = webhook_configurations(values, kube_version)
+    assert [c["kind"] for c in configurations] == [
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+    ]
+    return [hook for c in configurations for hook in c["webhooks"]]
+
+
+@pytest.mark.parametrize("kube_version", WITHOUT_MATCH_CONDITIONS)
+def test_without_match_conditions_by_default_non_gpu_pods_never_wait_for_the_extender(
+    kube_version,
+):
+    """Below 1.28 the API server has no matchConditions (or drops them): both webhooks
+    see every pod, so a down extender must not refuse them."""
+    rendered = render(kube_version=kube_version)
+    hooks = [hook for hooks in webhooks(rendered).values() for hook in hooks]
+    assert [h["name"] for h in hooks] == ["validate.pods.gpushare.io", "mutate.pods.gpushare.io"]
+    for hook in hooks:
+        assert "matchConditions" not in hook
+        assert hook["failurePolicy"] == "Ignore"
+    notes = " ".join(rendered.notes.split())
+    assert "failurePolicy is Ignore: pods that ask for no GPU never depend on gpushare" in notes
+    assert "WARNING" not in notes
+
+
+@pytest.mark.parametrize("kube_version", WITH_MATCH_CONDITIONS)
+def test_with_match_conditions_by_default_only_gpu_pods_reach_a_failing_webhook(kube_version):
+    rendered = render(kube_version=kube_version)
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        [hook] = rendered.one(kind)["webhooks"]
+        assert [c["name"] for c in hook["matchConditions"]] == ["asks-for-shared-gpu"]
+        assert hook["failurePolicy"] == "Fail"
+    assert "WARNING" not in rendered.notes
+    assert "no matchConditions" not in rendered.notes
+
+
+@pytest.mark.parametrize("match_conditions", [False, "auto", True])
+@pytest.mark.parametrize("kube_version", ["v1.25.0", "v1.27.3", "v1.28.0", "v1.33.1"])
+def test_auto_failure_policy_follows_whether_match_conditions_are_rendered(
+    kube_version, match_conditions
+):
+    hooks = hooks_at({"webhook": {"matchConditions": match_conditions}}, kube_version)
+    rendered = match_conditions is True or (
+        match_conditions == "auto" and kube_version in ("v1.28.0", "v1.33.1")
+    )
+    for hook in hooks:
+        assert ("matchConditions" in hook) == rendered
+        assert hook["failurePolicy"] == ("Fail" if rendered else "Ignore")
+
+
+def test_match_conditions_turned_off_on_a_new_cluster_mean_ignore():
+    for hook in hooks_at({"webhook": {"matchConditions": False}}, "1.33"):
+        assert "matchConditions" not in hook and hook["failurePolicy"] == "Ignore"
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "match_conditions"), [("v1.27.3", "auto"), ("v1.33.1", False)]
+)
+def test_explicit_fail_without_match_conditions_renders_fail_and_the_notes_warn(
+    kube_version, match_conditions
+):
+    values = {"webhook": {"failurePolicy": "Fail", "matchConditions": match_conditions}}
+    rendered = render(values, kube_version=kube_version)
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        [hook] = rendered.one(kind)["webhooks"]
+        assert "matchConditions" not in hook and hook["failurePolicy"] == "Fail"
+    notes = " ".join(rendered.notes.split())
+    assert "WARNING: the webhook has failurePolicy Fail but no matchConditions" in notes
+    assert DEPENDS_ON_THE_EXTENDER in notes
+    assert f"creating any pod outside kube-system, {NAMESPACE} fails with" in notes
+    assert "failed calling webhook mutate.pods.gpushare.io ... connection refused" in notes
+    assert "webhook.failurePolicy=auto" in notes
+
+
+def test_explicit_choices_are_kept_where_they_are_safe():
+    for hook in hooks_at({"webhook": {"failurePolicy": "Ignore"}}, "v1.33.1"):
+        assert hook["failurePolicy"] == "Ignore" and "matchConditions" in hook
+    rendered = render({"webhook": {"matchConditions": True}}, kube_version="v1.27.3")
+    [hook] = rendered.one("MutatingWebhookConfiguration")["webhooks"]
+    assert hook["failurePolicy"] == "Fail" and "matchConditions" in hook
+    assert "WARNING" not in rendered.notes
+
+
+def test_opt_in_selectors_narrow_a_failing_webhook_without_match_conditions():
+    """The recipe in docs/install.md for Fail on clusters below 1.28: only labelled pods
+    (in labelled namespaces) reach the webhook."""
+    rendered = render(VALUE_SETS["opt-in-selectors"], kube_version="v1.27.3")
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        [hook] = rendered.one(kind)["webhooks"]
+        assert hook["failurePolicy"] == "Fail" and "matchConditions" not in hook
+        assert hook["objectSelector"] == {"matchLabels": {"gpushare.io/webhook": "true"}}
+        selector = hook["namespaceSelector"]
+        assert selector["matchLabels"] == {"gpushare.io/gpu-workloads": "true"}
+        [excluded] = selector["matchExpressions"]
+        assert excluded["key"] == "kubernetes.io/metadata.name"
+        assert excluded["operator"] == "NotIn"
+    notes = " ".join(rendered.notes.split())
+    assert DEPENDS_ON_THE_EXTENDER in notes
+    assert "make sure they select only GPU pods" in notes
+
+
+def test_namespace_selector_expressions_are_added_to_the_exclusions():
+    expression = {"key": "team", "operator": "In", "values": ["ml"]}
+    [hook, _] = hooks_at(
+        {"webhook": {"namespaceSelector": {"matchExpressions": [expression]}}}, "v1.27.3"
+    )
+    assert hook["namespaceSelector"]["matchExpressions"][1:] == [expression]
+    assert hook["namespaceSelector"]["matchExpressions"][0]["operator"] == "NotIn"
+    assert "matchLabels" not in hook["namespaceSelector"]
+
+
+def test_values_of_an_older_release_still_render():
+    """`helm upgrade --reuse-values` starts from the previous chart's values: the
+    booleans of before `auto`, and no namespaceSelector at all (null drops the key)."""
+    old = {"webhook": {"failurePolicy": "Fail", "matchConditions": True, "namespaceSelector": None}}
+    [hook, _] = hooks_at(old, "v1.33.1")
+    assert hook["failurePolicy"] == "Fail" and "matchConditions" in hook
+    assert hook["namespaceSelector"] == {
+        "matchExpressions": [
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": ["kube-system", NAMESPACE],
+            }
+        ]
+    }
+
+
+@pytest.mark.parametrize("kube_version", ["v1.25.0", "v1.27.3", "v1.28.0", "v1.33.1"])
+@pytest.mark.parametrize(
+    "values",
+    [{}, VALUE_SETS["fail-without-match-conditions"], VALUE_SETS["opt-in-selectors"]],
+    ids=["defaults", "fail-without-match-conditions", "opt-in-selectors"],
+)
+def test_webhooks_load_into_the_api_models_on_every_supported_version(kube_version, values):
+    for configuration in webhook_configurations(values, kube_version):
+        assert dropped_fields(configuration) == []
+
+
+def test_render_helper_returns_both_configurations_for_a_version():
+    objects = render_chart({}, "1.27")
+    configurations = webhook_configurations({}, "1.27")
+    by_kind = {o["kind"]: o for o in objects}
+    assert [c["kind"] for c in configurations] == [
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+    ]
+    # The same but for the CA, which the chart generates anew on each rendering.
+    for configuration in configurations:
+        ours = by_kind[configuration["kind"]]
+        for hook, same in zip(configuration["webhooks"], ours["webhooks"], strict=True):
+            hook["clientConfig"].pop("caBundle")
+            same["clientConfig"].pop("caBundle")
+            assert hook == same
+    assert [c["metadata"]["name"] for c in configurations] == [FULLNAME, FULLNAME]
+    assert webhook_configurations(VALUE_SETS["minimal"], "1.33") == []
+    other = webhook_configurations({}, "v1.33.1", namespace="gpu", release="rel")
+    assert other[0]["metadata"]["name"] == "rel-gpushare"
+    assert other[0]["webhooks"][0]["clientConfig"]["service"]["namespace"] == "gpu"
+
+
+@pytest.mark.parametrize("kube_version", ["v1.25.0", "v1.27.3", "v1.33.1"])
+def test_helm_lint_is_clean_on_every_supported_version(kube_version):
+    report = helm.lint(CHART, {}, strict=True, namespace=NAMESPACE, kube_version=kube_version)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
 # ----- RBAC
 
 
@@ -569,6 +759,13 @@ def test_dashboard_configmap_is_picked_up_by_grafana_and_uses_documented_metrics
         {"gpu": {"backend": "cuda"}},
         {"webhok": {"enabled": False}},
         {"webhook": {"failurePolicy": "fail"}},
+        {"webhook": {"failurePolicy": "Auto"}},
+        {"webhook": {"failurePolicy": True}},
+        {"webhook": {"matchConditions": "yes"}},
+        {"webhook": {"matchConditions": "true"}},
+        {"webhook": {"matchConditions": "Auto"}},
+        {"webhook": {"matchConditions": 1}},
+        {"webhook": {"namespaceSelector": {"matchLabel": {"a": "b"}}}},
         {"gpu": {"mockGpus": "two big GPUs"}},
         {"extender": {"weight": 0}},
         {"scheduler": {"leaderElection": {"resourceName": "kube-scheduler"}}},
@@ -586,6 +783,16 @@ def test_defaults_satisfy_the_schema():
     with helm.Chart.load(CHART) as chart:
         chart.validate_schema({})
         assert chart.values["gpu"]["backend"] == "nvml"
+        assert chart.values["webhook"]["failurePolicy"] == "auto"
+        assert chart.values["webhook"]["matchConditions"] == "auto"
+
+
+@pytest.mark.parametrize("policy", ["auto", "Fail", "Ignore"])
+@pytest.mark.parametrize("match_conditions", ["auto", True, False])
+def test_schema_accepts_auto_and_the_explicit_webhook_choices(policy, match_conditions):
+    values = {"webhook": {"failurePolicy": policy, "matchConditions": match_conditions}}
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema(values)
 
 
 def test_notes_say_how_to_label_a_node_and_what_to_put_in_a_pod(default):

@@ -88,3 +88,25 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 - --log-level={{ .Values.logLevel }}
 {{- end }}
+
+{{/* "true" when the webhooks carry CEL matchConditions (only pods naming an
+aliyun.com/gpu-* resource reach them), "" when not. webhook.matchConditions: auto
+follows the cluster: AdmissionWebhookMatchConditions is beta and on from 1.28 (GA in
+1.30); on older API servers the field is unknown or dropped, and the webhooks would
+then match every pod. true / false force it. */}}
+{{- define "gpushare.webhookMatchConditions" -}}
+{{- $wanted := .Values.webhook.matchConditions -}}
+{{- if eq (toString $wanted) "auto" -}}
+{{- if semverCompare ">=1.28.0-0" .Capabilities.KubeVersion.Version }}true{{ end -}}
+{{- else if eq (toString $wanted) "true" }}true{{ end -}}
+{{- end }}
+
+{{/* The webhooks' failurePolicy. auto: Fail when matchConditions keep pods that ask
+for no GPU away from the webhooks, Ignore when they do not (every pod creation
+would otherwise fail while the extender is down). */}}
+{{- define "gpushare.webhookFailurePolicy" -}}
+{{- $policy := .Values.webhook.failurePolicy -}}
+{{- if eq $policy "auto" -}}
+{{- if include "gpushare.webhookMatchConditions" . }}Fail{{ else }}Ignore{{ end -}}
+{{- else }}{{ $policy }}{{ end -}}
+{{- end }}

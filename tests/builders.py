@@ -47,6 +47,12 @@ def pod(
     )
 
 
+def being_deleted(deleted: Pod) -> Pod:
+    """The pod as the API shows it once a graceful delete began (deletionTimestamp set)."""
+    meta = deleted.metadata.model_copy(update={"deletion_timestamp": T0})
+    return deleted.model_copy(update={"metadata": meta})
+
+
 def container(
     name: str,
     mem: int | str | None = None,

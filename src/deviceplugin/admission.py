@@ -83,8 +83,15 @@ class _BoundPod:
 
     @cached_property
     def open(self) -> bool:
-        """Some container is not marked assigned yet."""
-        return any(not c.container.assigned for c in self.containers)
+        """Some container is not marked assigned yet and may still be admitted."""
+        return self.admissible and any(not c.container.assigned for c in self.containers)
+
+    @property
+    def admissible(self) -> bool:
+        """False for a pod being deleted: it keeps its GPUs (and its place in the
+        queue) until it is gone, but the kubelet starts none of its containers, so
+        no Allocate call is for it."""
+        return not self.pod.is_deleting
 
     @cached_property
     def started(self) -> bool:
@@ -94,6 +101,8 @@ class _BoundPod:
     def first_waiting(
         self, resource: str, count: int, served: Mapping[tuple[str, str], set[str]]
     ) -> WaitingContainer | None:
+        if not self.admissible:
+            return None
         for waiting in self.containers:
             if waiting.requests.get(resource) == count and _waits(waiting, resource, served):
                 return waiting
@@ -226,7 +235,7 @@ class AdmissionQueue:
 
     def _bound(self, pod: Pod, before: _BoundPod | None) -> _BoundPod | None:
         self._unreadable.pop(pod.key, None)
-        if pod.spec.node_name != self.node_name or pod.is_terminated:
+        if pod.spec.node_name != self.node_name or pod.is_finished:
             return None
         raw = pod.metadata.annotations.get(annotation.ALLOCATION)
         if before is not None and raw is not None and raw == before.raw:
@@ -275,7 +284,7 @@ class AdmissionQueue:
         self, key: tuple[str, str], resource: str, count: int
     ) -> WaitingContainer | None:
         bound = self._pods.get(key[0])
-        if bound is None:
+        if bound is None or not bound.admissible:
             return None
         for waiting in bound.containers:
             if waiting.key == key and waiting.requests.get(resource) == count:

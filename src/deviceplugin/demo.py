@@ -56,7 +56,8 @@ def _bound_pods(cluster: Cluster, node: str) -> list[Pod]:
     placed = []
     for pod in cluster.list_pods(node).items:
         allocation = annotation.decode(pod)
-        if allocation is not None and not pod.is_terminated:
+        # The kubelet starts no container of a pod being deleted.
+        if allocation is not None and not pod.is_finished and not pod.is_deleting:
             placed.append((allocation.bound_at, pod.key, pod))
     return [pod for _, _, pod in sorted(placed, key=lambda item: item[:2])]
 

@@ -121,7 +121,7 @@ class SchedulerCache:
             self.pods = {}
             self.pod_problems = {}
             for pod in pods:
-                if not pod.is_terminated:
+                if not pod.is_finished:
                     self.pods[pod.key] = self._record(pod)
             self.pods_synced = True
             self._rebuild()
@@ -140,7 +140,8 @@ class SchedulerCache:
     def apply_pod(self, event_type: EventType, pod: Pod) -> None:
         with self.lock:
             key = pod.key
-            if event_type is EventType.DELETED or pod.is_terminated:
+            # A pod being deleted still runs on its GPUs: it is let go when gone or finished.
+            if event_type is EventType.DELETED or pod.is_finished:
                 self.pods.pop(key, None)
                 self.pod_problems.pop(key, None)
                 self.assumed.pop(key, None)

@@ -47,7 +47,8 @@ class SchedulerStandIn:
             for p in self.cluster.list_pods().items
             if p.spec.scheduler_name == self.scheduler_name
             and not p.spec.node_name
-            and not p.is_terminated
+            and not p.is_finished
+            and not p.is_deleting  # kube-scheduler skips those too
         ]
         return sorted(
             pods,

@@ -80,12 +80,16 @@ class Pod(K8sModel):
         return f"{self.metadata.namespace}/{self.metadata.name}"
 
     @property
-    def is_terminated(self) -> bool:
-        """Pods that no longer hold their GPUs: finished, failed or being deleted."""
-        return (
-            self.status.phase in ("Succeeded", "Failed")
-            or self.metadata.deletion_timestamp is not None
-        )
+    def is_finished(self) -> bool:
+        """Phase Succeeded or Failed: its containers have exited, so it holds no GPU."""
+        return self.status.phase in ("Succeeded", "Failed")
+
+    @property
+    def is_deleting(self) -> bool:
+        """Deletion asked for (deletionTimestamp set). Its containers may run on for
+        the whole grace period, so it holds its GPUs until it is finished or gone,
+        as kube-scheduler counts it; but no container of it will start again."""
+        return self.metadata.deletion_timestamp is not None
 
 
 class NodeAddress(K8sModel):

@@ -286,7 +286,7 @@ class ClusterState:
             except AnnotationError as err:
                 problems.append(f"node {node.name}: {err}")
         for pod in pods:
-            if pod.is_terminated:
+            if pod.is_finished:  # one being deleted still runs on its GPUs
                 continue
             try:
                 allocation = annotation.decode(pod)

@@ -236,3 +236,12 @@ def test_main_finds_the_cluster_as_kubectl_does(cluster, where, monkeypatch, tmp
     finally:
         api.close()
     assert capsys.readouterr().out.rstrip("\n") == SUMMARY
+
+
+def test_a_pod_being_deleted_still_counts_until_it_is_gone(cluster):
+    cluster.begin_pod_deletion("default", "train-1")
+    reports, _ = inspect.collect(cluster, "gpu-a")
+    assert reports[0].allocated == 18
+    cluster.delete_pod("default", "train-1")
+    reports, _ = inspect.collect(cluster, "gpu-a")
+    assert reports[0].allocated == 12

@@ -7,7 +7,7 @@ from gpushare.objects import Node, ObjectMeta, PodStatus
 from gpushare.placement import Placement, evaluate, to_allocation
 from gpushare.policies import BinpackPolicy
 from gpushare.state import ClusterState
-from tests.builders import T0, node, pod, request
+from tests.builders import T0, being_deleted, node, pod, request
 
 
 def test_node_inventory_comes_from_the_plugin_annotation():
@@ -51,6 +51,14 @@ def test_finished_pods_hold_nothing():
     )
     state, _ = ClusterState.rebuild([n1], [done])
     assert state.nodes["n1"].used(0) == (0, 0, 0)
+
+
+def test_pods_being_deleted_still_hold_their_gpus():
+    n1 = node("n1", "1x16GiB")
+    keys = {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_POD": "4"}
+    leaving = being_deleted(pod("leaving", mem=4, node="n1", annotations=keys))
+    state, _ = ClusterState.rebuild([n1], [leaving])
+    assert state.nodes["n1"].used(0) == (4, 0, 1)
 
 
 def test_unreadable_objects_are_reported_and_left_out():

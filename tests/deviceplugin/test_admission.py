@@ -12,7 +12,7 @@ from gpushare.objects import Pod
 from gpushare.placement import Assignment, to_allocation
 from gpushare.request import parse_pod_request
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
-from tests.builders import T0, container, pod
+from tests.builders import T0, being_deleted, container, pod
 
 NODE = "n1"
 INVENTORY = NodeGpus(NODE, NodeMode.CORE_MEM, PlacementMode.BINPACK, parse_layout("2x16GiB", NODE))
@@ -105,6 +105,21 @@ def test_finished_pods_other_nodes_and_unplaced_pods_do_not_wait():
 
     assert queue.waiting(GPU_MEM) == []
     assert queue.peek(GPU_MEM, 2) is None
+
+
+def test_a_pod_being_deleted_keeps_its_gpus_but_no_call_goes_to_it():
+    queue = AdmissionQueue(NODE)
+    leaving = being_deleted(bound("leaving", [[0]], second=1, mem=2))
+    queue.replace([leaving, bound("young", [[1]], second=5, mem=2)])
+
+    assert queue.take(GPU_MEM, 2, ALL).waiting.pod.metadata.name == "young"
+    with pytest.raises(NoMatch):
+        queue.take(GPU_MEM, 2, ALL)
+    assert queue.waiting(GPU_MEM) == []
+    # Still charged on its GPU (metrics, reconciliation) until the watch shows it gone.
+    assert [p.metadata.name for p, _ in queue.bound_pods()] == ["leaving", "young"]
+    queue.remove(leaving)
+    assert [p.metadata.name for p, _ in queue.bound_pods()] == ["young"]
 
 
 def test_the_refusal_lists_what_waits_and_unreadable_allocations():

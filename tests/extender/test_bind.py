@@ -272,3 +272,21 @@ def test_an_unanswered_bind_keeps_its_reservation_until_the_pod_is_bound_again()
         assert cluster.get_pod("default", "p").spec.node_name == "n"
     finally:
         s.close()
+
+
+def test_a_pod_being_deleted_holds_its_gpu_until_it_is_gone(cluster, scheduler_for):
+    """Graceful termination can take minutes: its containers still use the GPU."""
+    cluster.add_node(node("n", "3x16GiB"))
+    s = scheduler_for()
+    for name in ("old", "other"):
+        assert s.schedule(s.submit(pod(name, mem=16))) == "n"
+    assert allocation_of(cluster, "default", "old").gpu_indices == (0,)
+    cluster.begin_pod_deletion("default", "old")
+    new = s.submit(pod("new", mem=16))  # seen after the deletion: one watch, in order
+
+    assert s.schedule(new) == "n"
+    assert allocation_of(cluster, "default", "new").gpu_indices == (2,)
+    assert "[insufficient-gpu-memory]" in s.filter(s.submit(pod("more", mem=1)))["FailedNodes"]["n"]
+
+    cluster.delete_pod("default", "old")
+    wait_until(lambda: s.filter(pod("more", mem=1))["NodeNames"] == ["n"], what="GPU 0 to be free")

@@ -5,8 +5,9 @@ import pytest
 from extender.cache import SchedulerCache
 from gpushare import annotation
 from gpushare.cluster import EventType
+from gpushare.objects import PodStatus
 from gpushare.placement import to_allocation
-from tests.builders import T0, node, pod, request
+from tests.builders import T0, being_deleted, node, pod, request
 
 
 class Clock:
@@ -83,6 +84,34 @@ def test_a_reservation_the_watch_never_confirms_expires():
     clock.now = 61
     assert cache.expire() == ["default/p"]
     assert used(cache) == 0
+
+
+def bound_pod(cache: SchedulerCache, name: str, mem: int):
+    """A pod the API shows bound to n with its allocation, applied to the cache."""
+    allocation = assume(cache, name, mem)
+    bound = pod(name, mem=mem, node="n", annotations=annotation.encode(allocation))
+    cache.apply_pod(EventType.MODIFIED, bound)
+    return bound
+
+
+def test_a_pod_being_deleted_holds_its_gpu_until_the_watch_shows_it_gone():
+    cache = started()
+    old = being_deleted(bound_pod(cache, "old", 16))
+    cache.apply_pod(EventType.MODIFIED, old)
+    assert "[insufficient-gpu-memory]" in refusal(cache, 16)
+    cache.replace_pods([old])  # a relisting counts it too
+    assert "[insufficient-gpu-memory]" in refusal(cache, 16)
+    cache.apply_pod(EventType.DELETED, old)
+    assert refusal(cache, 16) == "" and used(cache) == 0
+
+
+def test_a_finished_pod_lets_its_gpu_go():
+    cache = started()
+    done = bound_pod(cache, "done", 16)
+    cache.apply_pod(
+        EventType.MODIFIED, done.model_copy(update={"status": PodStatus(phase="Succeeded")})
+    )
+    assert refusal(cache, 16) == "" and used(cache) == 0
 
 
 def test_a_relisting_keeps_reservations_the_listing_does_not_show_yet():

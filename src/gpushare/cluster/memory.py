@@ -233,6 +233,14 @@ class MemoryCluster:
             status = pod.status.model_copy(update={"phase": phase})
             return self._put_pod(pod.model_copy(update={"status": status}), EventType.MODIFIED)
 
+    def begin_pod_deletion(self, namespace: str, name: str) -> Pod:
+        """A graceful delete: the API server sets deletionTimestamp and keeps the pod
+        while the kubelet stops its containers (delete_pod, once they have)."""
+        with self._lock:
+            pod = self.get_pod(namespace, name)
+            meta = pod.metadata.model_copy(update={"deletion_timestamp": datetime.now(UTC)})
+            return self._put_pod(pod.model_copy(update={"metadata": meta}), EventType.MODIFIED)
+
     def delete_pod(self, namespace: str, name: str) -> None:
         with self._lock:
             pod = self._pods.pop(self.get_pod(namespace, name).key)

@@ -25,6 +25,7 @@ def pod(
     namespace: str = "default",
     node: str | None = None,
     annotations: Mapping[str, str] | None = None,
+    priority: int | None = None,
 ) -> Pod:
     """A pod with one container asking for (mem, core, count), or explicit containers."""
     if containers is None:
@@ -42,6 +43,7 @@ def pod(
                 "containers": containers,
                 "initContainers": init_containers or [],
                 "nodeName": node,
+                "priority": priority,
             },
         }
     )

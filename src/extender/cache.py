@@ -50,6 +50,10 @@ class _PodRecord:
     uid: str
     node: str | None
     allocation: PodAllocation | None
+    priority: int = 0
+    """spec.priority (nil counts as 0, as in kube-scheduler): who preemption may evict."""
+    deleting: bool = False
+    """Deletion asked for: preemption counts its GPUs as freed and never picks it."""
 
 
 @dataclass(slots=True)
@@ -246,7 +250,13 @@ class SchedulerCache:
             if self.pod_problems.get(pod.key) != str(err):
                 log.warning("pod %s: %s", pod.key, err)
             self.pod_problems[pod.key] = str(err)
-        return _PodRecord(pod.metadata.uid, pod.spec.node_name, allocation)
+        return _PodRecord(
+            pod.metadata.uid,
+            pod.spec.node_name,
+            allocation,
+            pod.spec.priority or 0,
+            pod.is_deleting,
+        )
 
     def _rebuild(self) -> None:
         self.state = ClusterState()

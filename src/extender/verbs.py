@@ -13,9 +13,8 @@ from extender.metrics import ExtenderMetrics
 from extender.policychoice import pod_policy
 from extender.wire import ExtenderArgs, PreemptionArgs, dumps, for_scheduler
 from gpushare.errors import PodRefused
-from gpushare.placement import Placement, evaluate
+from gpushare.preemption import choose_victims
 from gpushare.request import PodRequest, parse_pod_request
-from gpushare.state import NodeState
 
 
 def filter_nodes(cache: SchedulerCache, metrics: ExtenderMetrics, args: ExtenderArgs) -> bytes:
@@ -75,9 +74,20 @@ def prioritize_nodes(cache: SchedulerCache, args: ExtenderArgs) -> bytes:
 
 
 def preempt_nodes(cache: SchedulerCache, args: PreemptionArgs) -> bytes:
-    """Keeps the nodes where removing the scheduler's victims makes the pod fit by our
-    rules, with the victims unchanged; drops the others. A node offered with no
-    victims is dropped too: the scheduler treats an empty victim list as an error."""
+    """Per candidate node, the victims that make room for the pod by our rules.
+
+    kube-scheduler chose its victims by the node's sum of each resource; on each node
+    we answer the cheapest set of lower-priority GPU pods whose eviction makes the pod
+    fit (gpushare.preemption), or the scheduler's own set when it already makes room
+    and is no dearer, or when the pod fits without evicting any GPU pod (then what is
+    short is something only the scheduler sees). A node where nothing helps is
+    dropped, and so is one left without victims (the scheduler counts an empty list
+    as an error). Pods being deleted count as gone and are never picked.
+
+    NumPDBViolations is passed on as the scheduler gave it, for our set too: only the
+    scheduler sees PodDisruptionBudgets, and its count for its own set on that node is
+    the best estimate we have (0 would make every replaced set look free of them).
+    """
     candidates = args.victims()
     kept: dict[str, Any] = {}
     try:
@@ -85,27 +95,54 @@ def preempt_nodes(cache: SchedulerCache, args: PreemptionArgs) -> bytes:
     except PodRefused:
         return dumps({"NodeNameToMetaVictims": kept})  # fits nowhere, whoever is evicted
     policy = pod_policy(args.pod.metadata.annotations)
+    priority = args.pod.spec.priority or 0
     with cache.lock:
         for node, (uids, violations) in candidates.items():
-            if not uids:
-                continue
-            if request is not None and not _fits_without(cache, node, request, policy, set(uids)):
-                continue
-            kept[node] = {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": violations}
+            if request is not None:
+                uids = _victims_on(cache, node, request, policy, priority, uids)
+            if uids:
+                victims = [{"UID": uid} for uid in uids]
+                kept[node] = {"Pods": victims, "NumPDBViolations": violations}
     return dumps({"NodeNameToMetaVictims": kept})
 
 
-def _fits_without(
-    cache: SchedulerCache, node: str, request: PodRequest, policy: str | None, uids: set[str]
-) -> bool:
+def _victims_on(
+    cache: SchedulerCache,
+    node: str,
+    request: PodRequest,
+    policy: str | None,
+    priority: int,
+    offered: list[str],
+) -> list[str]:
+    """The UIDs to evict from the node for the pod; empty when nothing helps."""
     state = cache.node_state(node)
     if state is None:
-        return False
-    trial = NodeState(state.inventory)
-    for key, allocation in state.pods.items():
-        if cache.pod_uid(key) not in uids:
-            trial.add(key, allocation)
-    return isinstance(evaluate(trial.view(), request, cache.policy_for(node, policy)), Placement)
+        return []
+    uids = {key: cache.pod_uid(key) for key in state.pods}
+    keys = {uid: key for key, uid in uids.items()}
+    eligible: dict[str, int] = {}
+    leaving = set()
+    for key in state.pods:
+        record = cache.pods.get(key)
+        if record is None:
+            continue  # assumed and not seen yet: its priority is unknown, it stays
+        if record.deleting:
+            leaving.add(key)
+        elif record.priority < priority:
+            eligible[key] = record.priority
+    eviction = choose_victims(
+        state,
+        request,
+        cache.policy_for(node, policy),
+        eligible,
+        offered=[keys[uid] for uid in offered if uid in keys],
+        leaving=leaving,
+    )
+    if eviction is None:
+        return []
+    if eviction.keeps_offered:
+        return offered
+    return [uids[key] for key in eviction.pods]
 
 
 def _request_or_none(args: ExtenderArgs) -> PodRequest | None:

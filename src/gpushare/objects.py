@@ -64,6 +64,8 @@ class PodSpec(K8sModel):
     init_containers: list[Container] = Field(default_factory=list)
     node_name: str | None = None
     scheduler_name: str | None = None
+    priority: int | None = None
+    """Set by the API server from priorityClassName; nil counts as 0."""
 
 
 class PodStatus(K8sModel):

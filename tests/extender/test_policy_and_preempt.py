@@ -111,7 +111,7 @@ def test_preempt_keeps_nodes_where_the_victims_make_room(crowded):
     s, v = crowded
     uid = {name: p.metadata.uid for name, p in v.items()}
     body = {
-        "Pod": pod_json(pod("big", mem=10)),
+        "Pod": pod_json(pod("big", mem=10, priority=1)),
         "NodeNameToVictims": None,
         "NodeNameToMetaVictims": {
             "n": {"Pods": [{"UID": uid["v1"]}], "NumPDBViolations": 1},
@@ -128,10 +128,10 @@ def test_preempt_keeps_nodes_where_the_victims_make_room(crowded):
     }
 
 
-def test_preempt_drops_nodes_where_the_victims_do_not_make_room(crowded):
+def test_preempt_drops_nodes_where_no_lower_priority_pod_makes_room(crowded):
     s, v = crowded
     body = {
-        "Pod": pod_json(pod("big", mem=10)),
+        "Pod": pod_json(pod("big", mem=10)),  # priority 0, as every pod there
         "NodeNameToMetaVictims": {
             "n": {"Pods": [{"UID": v["v2"].metadata.uid}], "NumPDBViolations": 0},
             "m": {"Pods": [], "NumPDBViolations": 0},
@@ -143,17 +143,12 @@ def test_preempt_drops_nodes_where_the_victims_do_not_make_room(crowded):
 def test_preempt_reads_full_victim_pods_when_not_node_cache_capable(crowded):
     s, v = crowded
     body = {
-        "Pod": pod_json(pod("big", mem=10)),
-        "NodeNameToVictims": {
-            "n": {"Pods": [pod_json(v["v1"]), pod_json(v["v2"])], "NumPDBViolations": 0},
-        },
+        "Pod": pod_json(pod("big", mem=10, priority=1)),
+        "NodeNameToVictims": {"n": {"Pods": [pod_json(v["v1"])], "NumPDBViolations": 0}},
         "NodeNameToMetaVictims": None,
     }
     answer = s.post("preempt", body).json()
-    assert answer["NodeNameToMetaVictims"]["n"]["Pods"] == [
-        {"UID": v["v1"].metadata.uid},
-        {"UID": v["v2"].metadata.uid},
-    ]
+    assert answer["NodeNameToMetaVictims"]["n"]["Pods"] == [{"UID": v["v1"].metadata.uid}]
 
 
 def test_preempt_keeps_nothing_for_a_pod_that_breaks_a_rule(crowded):

@@ -1,0 +1,245 @@
+"""Which pods preemption evicts: the cheapest set that makes the pod fit by the
+placement rules, checked against every subset on random nodes."""
+
+from itertools import combinations
+from unittest import mock
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpushare import preemption
+from gpushare.inventory import Gpu, NodeGpus
+from gpushare.labels import NodeMode, PlacementMode
+from gpushare.placement import Assignment, Placement, evaluate, to_allocation
+from gpushare.policies import BinpackPolicy
+from gpushare.preemption import EvictionCost, choose_victims
+from gpushare.request import PodRequest
+from gpushare.state import NodeState
+from tests.builders import T0, node_state, request
+
+BINPACK = BinpackPolicy()
+
+
+def put(state: NodeState, name: str, gpu: int | tuple[int, ...], mem: int = 0, core: int = 0):
+    """A pod of `mem` GiB (+ `core`%) on each of the given GPUs, or whole GPUs (mem 0)."""
+    gpus = (gpu,) if isinstance(gpu, int) else gpu
+    if mem:
+        labels = {"aliyun.com/gpu-count": str(len(gpus))} if len(gpus) > 1 else None
+        req = request(mem=mem * len(gpus), core=core or None, labels=labels)
+    else:
+        req = request(count=len(gpus))
+    slices = tuple((i, mem, core) for i in gpus)
+    allocation = to_allocation(req, Assignment((gpus,), slices), state.inventory, T0)
+    state.add(name, allocation)
+
+
+def fits_without(state: NodeState, req: PodRequest, removed) -> bool:
+    trial = NodeState(state.inventory)
+    for key, allocation in state.pods.items():
+        if key not in removed:
+            trial.add(key, allocation)
+    return isinstance(evaluate(trial.view(), req, BINPACK), Placement)
+
+
+def victims(state, req, priorities, **kwargs):
+    eviction = choose_victims(state, req, BINPACK, priorities, **kwargs)
+    return None if eviction is None else set(eviction.pods)
+
+
+def test_two_pods_of_one_gpu_not_one_pod_of_each():
+    state = node_state("2x16GiB,1x24GiB")
+    for name, gpu in (("a", 0), ("b", 0), ("c", 1), ("d", 1), ("e", 2), ("f", 2), ("g", 2)):
+        put(state, name, gpu, 8)
+    req = request(mem=16)
+    chosen = victims(state, req, dict.fromkeys("abcdefg", 0))
+    assert chosen == {"a", "b"}  # every GPU costs two pods alike; ties go to the first
+    assert fits_without(state, req, chosen)
+
+
+def test_the_lowest_highest_priority_wins_over_fewer_victims():
+    state = node_state("2x16GiB")
+    put(state, "low1", 0, 8)
+    put(state, "low2", 0, 8)
+    put(state, "mid", 1, 16)
+    assert victims(state, request(mem=16), {"low1": 1, "low2": 1, "mid": 2}) == {"low1", "low2"}
+
+
+def test_then_fewer_victims_then_a_smaller_priority_sum_then_less_memory():
+    state = node_state("3x16GiB")
+    put(state, "a", 0, 8)
+    put(state, "b", 0, 8)
+    put(state, "c", 1, 16)
+    put(state, "d", 2, 16)
+    assert victims(state, request(mem=16), {"a": 2, "b": -5, "c": 3, "d": 2}) == {"d"}
+    state = node_state("1x16GiB,1x24GiB")
+    put(state, "p", 0, 8)
+    put(state, "q", 0, 8)
+    put(state, "r", 1, 12)
+    put(state, "s", 1, 12)
+    assert victims(state, request(mem=16), {"p": 1, "q": 1, "r": 0, "s": 1}) == {"r", "s"}
+    state = node_state("2x24GiB")
+    put(state, "small", 0, 20)
+    put(state, "big", 1, 24)
+    assert victims(state, request(mem=16), {"small": 1, "big": 1}) == {"small"}
+
+
+def test_pods_that_may_not_go_are_never_chosen():
+    state = node_state("1x16GiB")
+    put(state, "same-priority", 0, 8)
+    put(state, "low", 0, 8)
+    assert victims(state, request(mem=16), {"low": 0}) is None
+    assert victims(state, request(mem=8), {"low": 0}) == {"low"}
+
+
+def test_compute_must_be_freed_as_well_as_memory():
+    state = node_state("1x16GiB", mode=NodeMode.CORE_MEM)
+    put(state, "mem-heavy", 0, 8, 30)
+    put(state, "core-heavy", 0, 4, 60)
+    req = request(mem=8, core=50)
+    assert victims(state, req, {"mem-heavy": 0, "core-heavy": 1}) == {"core-heavy"}
+
+
+def test_a_place_on_a_full_gpu_is_freed_by_the_cheapest_pod():
+    state = node_state("1x16GiB", max_pods_per_gpu=2)
+    put(state, "a", 0, 2)
+    put(state, "b", 0, 1)
+    assert victims(state, request(mem=4), {"a": 0, "b": 0}) == {"b"}
+
+
+def test_pods_of_the_other_job_type_all_go():
+    state = node_state("2x16GiB", mode=NodeMode.CORE_MEM)
+    put(state, "m1", 0, 4)
+    put(state, "m2", 1, 4)
+    assert victims(state, request(mem=4, core=20), {"m1": 0, "m2": 0}) == {"m1", "m2"}
+    assert victims(state, request(mem=4, core=20), {"m1": 0}) is None
+
+
+def test_whole_gpus_and_multi_gpu_pods():
+    state = node_state("3x16GiB")
+    put(state, "a", 0, 8)
+    put(state, "b", 0, 8)
+    put(state, "c", 1, 4)
+    put(state, "d", 2, 12)
+    priorities = {"a": 1, "b": 1, "c": 0, "d": 2}
+    assert victims(state, request(count=1), priorities) == {"c"}
+    split = request(mem=24, labels={"aliyun.com/gpu-count": "2"})  # 12 GiB on two GPUs
+    assert victims(state, split, priorities) == {"a", "b"}
+    assert victims(state, request(count=3), priorities) == {"a", "b", "c", "d"}
+
+
+def test_pods_being_deleted_count_as_gone_and_are_never_chosen():
+    state = node_state("2x16GiB")
+    put(state, "deleting", 0, 8)
+    put(state, "a", 0, 8)
+    put(state, "c", 1, 4)
+    put(state, "d", 1, 4)
+    priorities = {"deleting": 0, "a": 0, "c": 0, "d": 0}
+    assert victims(state, request(mem=16), priorities) == {"c", "d"}
+    assert victims(state, request(mem=16), priorities, leaving={"deleting"}) == {"a"}
+    kept = choose_victims(state, request(mem=8), BINPACK, priorities, leaving={"deleting"})
+    assert kept is not None and kept.keeps_offered and kept.pods == ()
+
+
+def test_the_offered_set_stands_when_it_makes_room_and_is_no_dearer():
+    state = node_state("2x16GiB")
+    put(state, "a", 0, 8)
+    put(state, "b", 0, 8)
+    put(state, "c", 1, 8)
+    put(state, "d", 1, 8)
+    priorities = dict.fromkeys("abcd", 0)
+    kept = choose_victims(state, request(mem=16), BINPACK, priorities, offered=["c", "d", "x"])
+    assert kept is not None and kept.keeps_offered and kept.pods == ("c", "d")
+    across = choose_victims(state, request(mem=16), BINPACK, priorities, offered=["a", "c"])
+    assert across is not None and not across.keeps_offered and across.pods == ("a", "b")
+    state.remove("d")
+    dearer = choose_victims(state, request(mem=16), BINPACK, priorities, offered=["a", "b"])
+    assert dearer is not None and not dearer.keeps_offered and dearer.pods == ("c",)
+
+
+def test_out_of_budget_the_choice_still_makes_room():
+    state = node_state("2x16GiB")
+    for i in range(8):
+        put(state, f"p{i}", i % 2, 3)
+    priorities = {f"p{i}": i for i in range(8)}
+    for req in (request(mem=12), request(mem=16, labels={"aliyun.com/gpu-count": "2"})):
+        with (
+            mock.patch.object(preemption, "COVER_BUDGET", 1),
+            mock.patch.object(preemption, "SEARCH_BUDGET", 0),
+        ):
+            chosen = victims(state, req, priorities)
+        assert chosen is not None and fits_without(state, req, chosen)
+
+
+# ----- against every subset, on random nodes
+
+KINDS = ["memory", "compute", "split", "whole"]
+
+
+@st.composite
+def nodes_and_requests(draw):
+    mode = draw(st.sampled_from([NodeMode.CGPU, NodeMode.CORE_MEM]))
+    sizes = draw(st.lists(st.sampled_from([8, 16, 24]), min_size=1, max_size=3))
+    gpus = tuple(Gpu(index=i, uuid=f"GPU-{i}", mem=size) for i, size in enumerate(sizes))
+    inventory = NodeGpus("n", mode, PlacementMode.BINPACK, gpus, draw(st.sampled_from([2, 20])))
+    state = NodeState(inventory)
+    job = draw(st.sampled_from(["memory", "compute"] if mode is NodeMode.CORE_MEM else ["memory"]))
+    priorities = {}
+    for i in range(draw(st.integers(1, 9))):
+        kind = draw(st.sampled_from([job, job, "split", "whole"]))
+        req = _request(draw, kind, len(gpus))
+        placed = evaluate(state.view(), req, BINPACK)
+        if isinstance(placed, Placement):
+            state.add(f"p{i}", to_allocation(req, placed.assignment, inventory, T0))
+            priorities[f"p{i}"] = draw(st.integers(0, 3))
+    kinds = KINDS if mode is NodeMode.CORE_MEM else [k for k in KINDS if k != "compute"]
+    req = _request(draw, draw(st.sampled_from(kinds)), len(gpus))
+    preemptor = draw(st.integers(0, 4))
+    eligible = {key: p for key, p in priorities.items() if p < preemptor}
+    return state, req, eligible
+
+
+def _request(draw, kind: str, gpus: int) -> PodRequest:
+    mem = draw(st.sampled_from([2, 4, 8, 12, 16]))
+    if kind == "compute":
+        return request(mem=mem, core=draw(st.sampled_from([10, 30, 50, 100])))
+    if kind == "split" and gpus > 1:
+        ways = draw(st.integers(2, gpus))
+        return request(mem=mem * ways, labels={"aliyun.com/gpu-count": str(ways)})
+    if kind == "whole":
+        return request(count=draw(st.integers(1, gpus)))
+    return request(mem=mem)
+
+
+def cheapest_by_brute_force(state, req, eligible) -> EvictionCost | None:
+    pods = state.pods
+    best = None
+    for size in range(len(eligible) + 1):
+        for chosen in combinations(sorted(eligible), size):
+            if fits_without(state, req, set(chosen)):
+                cost = EvictionCost(
+                    max((eligible[k] for k in chosen), default=-(2**31) - 1),
+                    size,
+                    sum(eligible[k] for k in chosen),
+                    sum(m for k in chosen for m, _ in pods[k].charges().values()),
+                )
+                best = cost if best is None else min(best, cost)
+    return best
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=nodes_and_requests())
+def test_the_choice_is_the_cheapest_of_every_subset(case):
+    state, req, eligible = case
+    with mock.patch.object(preemption, "SEARCH_BUDGET", 10**6):
+        eviction = choose_victims(state, req, BINPACK, eligible)
+    best = cheapest_by_brute_force(state, req, eligible)
+    if best is None:
+        assert eviction is None
+        return
+    assert eviction is not None
+    if best.count == 0:
+        assert eviction.keeps_offered and eviction.pods == ()
+        return
+    assert set(eviction.pods) <= set(eligible)
+    assert fits_without(state, req, set(eviction.pods))
+    assert eviction.cost == best

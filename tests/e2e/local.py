@@ -50,6 +50,8 @@ GPU_SIZES: Final = (16, 16, 24)
 SYSTEM_NAMESPACE: Final = "gpushare-system"
 EXTENDER_PORT: Final = 39999
 WEBHOOK_PORT: Final = 9443
+CHART_VALUES: Final = {"gpu": {"backend": "mock", "mockGpus": MOCK_GPUS}}
+"""What an operator trying gpushare without GPUs installs; everything else default."""
 SCHEDULER_CONFIG: Final = ROOT / "config" / "kube-scheduler-config.yaml"
 BINARIES: Final = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet")
 TARBALL: Final = "kubernetes-server-bin.tar.xz"
@@ -327,7 +329,7 @@ class LocalCluster(KubectlTarget):
         self.our_dir.mkdir(parents=True, exist_ok=True)
         self.kubectl("create", "namespace", SYSTEM_NAMESPACE)
         self.rendered = render(
-            {"gpu": {"backend": "mock", "mockGpus": MOCK_GPUS}}, namespace=SYSTEM_NAMESPACE
+            CHART_VALUES, namespace=SYSTEM_NAMESPACE, kube_version=self.version
         ).objects
         self.apply([o for o in self.rendered if o["kind"] in RBAC_KINDS])
         cert, key, self.ca_pem = _self_signed_webhook_certificate(self.our_dir)
@@ -413,16 +415,29 @@ class LocalCluster(KubectlTarget):
         )
 
     def start_plugin(self) -> None:
+        """Starts the plugin and waits until it registered gpu-mem with the kubelet: the
+        node's allocatable may still show the previous process's devices."""
         assert self.plugin is not None
         self.plugin.start()
         wait_for(
-            "the device plugin to advertise aliyun.com/gpu-mem",
+            "the device plugin to register aliyun.com/gpu-mem",
             lambda: (
-                self.allocatable("aliyun.com/gpu-mem") == sum(GPU_SIZES) or self._dead(self.plugin)
+                " registered aliyun.com/gpu-mem " in self.plugin_output_since_start()
+                or self._dead(self.plugin)
             ),
+            timeout=60,
+            every=0.2,
+        )
+        wait_for(
+            "aliyun.com/gpu-mem in the node's allocatable",
+            lambda: self.allocatable("aliyun.com/gpu-mem") == sum(GPU_SIZES),
             timeout=60,
             every=0.5,
         )
+
+    def plugin_output_since_start(self) -> str:
+        assert self.plugin is not None
+        return self.plugin.text().rsplit("=== start ", 1)[-1]
 
     def _dead(self, process: HostProcess | None) -> bool:
         assert process is not None

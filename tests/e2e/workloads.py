@@ -68,3 +68,42 @@ def unnamed_scheduler_pod() -> dict[str, Any]:
             },
         }
     )
+
+
+def gpu_pod(
+    name: str,
+    mem: int,
+    core: int | None = None,
+    *,
+    image: str = IMAGE,
+    pull_policy: str = "Never",
+    priority_class: str | None = None,
+    grace_s: int | None = None,
+    ignore_sigterm: bool = False,
+) -> dict[str, Any]:
+    """One pod asking `mem` GiB (and `core` percent) of one GPU from our scheduler.
+
+    `ignore_sigterm` makes it a trainer that checkpoints: it holds its GPU for the
+    whole grace period after deletion."""
+    limits: dict[str, int] = {"aliyun.com/gpu-mem": mem}
+    if core is not None:
+        limits["aliyun.com/gpu-core.percentage"] = core
+    spec: dict[str, Any] = {
+        "schedulerName": "gpushare-scheduler",
+        "restartPolicy": "Never",
+        "containers": [{"name": "app", "resources": {"limits": limits}}],
+    }
+    if priority_class is not None:
+        spec["priorityClassName"] = priority_class
+    if grace_s is not None:
+        spec["terminationGracePeriodSeconds"] = grace_s
+    pod = runnable(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec},
+        image,
+        pull_policy,
+    )
+    if ignore_sigterm:
+        pod["spec"]["containers"][0]["command"] = [
+            "sh", "-c", 'trap "" TERM; env | sort; while :; do sleep 1; done'
+        ]  # fmt: skip
+    return pod

@@ -3,6 +3,9 @@
 `deployed`: a kind cluster with gpushare installed from the chart (mock GPUs).
 GPUSHARE_E2E=0 skips it; GPUSHARE_E2E_CLUSTER names the kind cluster (an existing one
 is reused and kept); GPUSHARE_E2E_KEEP=1 keeps a cluster the suite created.
+GPUSHARE_E2E_KUBECONFIG instead names any cluster where the chart is already
+installed (with nodes labelled ack.node.gpu.schedule=cgpu and core_mem): the same
+scenarios run there, nothing is created or deleted but their pods.
 
 `local`: the real single-node cluster on this machine from upstream binaries
 (GPUSHARE_E2E_K8S_BIN), with gpushare's parts as host processes (tests/e2e/local.py).
@@ -22,7 +25,7 @@ import pytest
 
 from tests.e2e import local as local_tier
 from tests.e2e.kind import Kind, missing_prerequisites
-from tests.e2e.kube import ROOT, run, wait_for
+from tests.e2e.kube import ROOT, KubectlTarget, run, wait_for
 from tests.e2e.workloads import IMAGE, WORKLOAD_LABEL
 
 RELEASE = "gs"
@@ -46,13 +49,18 @@ def pytest_runtest_makereport(item, call):
 
 @dataclass(frozen=True)
 class Deployed:
-    kind: Kind
+    kind: KubectlTarget
+    """The cluster (a kind one, or any cluster GPUSHARE_E2E_KUBECONFIG names)."""
     workers: dict[str, str]
     """Worker node name -> the ack.node.gpu.schedule mode it was given."""
 
 
 @pytest.fixture(scope="session")
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
+    external = os.environ.get("GPUSHARE_E2E_KUBECONFIG")
+    if external:
+        yield already_installed(KubectlTarget(Path(external)))
+        return
     reason = missing_prerequisites()
     if reason:
         pytest.skip(reason)
@@ -79,6 +87,16 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
             print(f"\ne2e failures {_failures}: cluster state and logs in {logs}")
         if not reused and os.environ.get("GPUSHARE_E2E_KEEP") != "1":
             kind.delete()
+
+
+def already_installed(cluster: KubectlTarget) -> Deployed:
+    """Any cluster running gpushare: its GPU-sharing nodes, by the mode they are in."""
+    nodes = cluster.get("nodes", "-l", "ack.node.gpu.schedule")["items"]
+    workers = {
+        n["metadata"]["name"]: n["metadata"]["labels"]["ack.node.gpu.schedule"] for n in nodes
+    }
+    assert set(workers.values()) >= set(MODES), f"want nodes in modes {MODES}, found {workers}"
+    return Deployed(cluster, workers)
 
 
 def install(kind: Kind) -> Deployed:

@@ -70,6 +70,9 @@ class KubectlTarget:
     ) -> subprocess.CompletedProcess[str]:
         return run(["kubectl", *args], env=self.env, check=check, timeout=timeout, stdin=stdin)
 
+    def helm(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return run(["helm", *args], env=self.env, timeout=timeout)
+
     def get(self, *args: str) -> Any:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 

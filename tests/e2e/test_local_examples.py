@@ -181,3 +181,26 @@ def test_a_pod_asking_for_a_whole_node_more_than_fits_waits_with_a_readable_reas
     message = wait_for("a FailedScheduling event", refusal, timeout=60, every=1)
     assert "%" not in message, message
     assert "percent" in message, message
+
+
+def test_cgpu_smi_shows_each_running_container_with_its_limits(local: LocalCluster):
+    local.apply(local_manifests(Path("examples/cuda-sample.yaml").resolve()))
+    pods = local.wait_running(WORKLOAD_LABEL, 3)
+    names = {p["metadata"]["name"] for p in pods}
+
+    def listed() -> dict[str, Any] | None:
+        out = run(
+            [str(local.venv_bin / "cgpu-smi"), "--control-dir", str(local.control_dir), "--json"]
+        ).stdout
+        view = json.loads(out)
+        shown = {c["pod"].split("/")[-1]: c for g in view["gpus"] for c in g["containers"]}
+        if not names <= set(shown):
+            return None
+        # Containers of pods deleted by earlier tests keep their fixed share until the
+        # agent forgets them (forget_after_s), squeezing the others meanwhile.
+        limits = {shown[name]["compute_limit_percent"] for name in names}
+        return shown if limits == {30} else None
+
+    shown = wait_for("the agent to show the three containers", listed, timeout=90, every=1)
+    for name in names:
+        assert shown[name]["memory_allocated_bytes"] == 2 * 1024**3, shown[name]

@@ -17,6 +17,7 @@ directory, and the path is printed.
 
 import os
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,15 +136,29 @@ def venv_bin() -> Path:
     return Path(sys.executable).parent
 
 
-@pytest.fixture(scope="session")
-def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_tier.LocalCluster]:
-    reason = local_tier.missing_prerequisites()
+def _version_id(source: Path | None) -> str:
+    if source is None:
+        return "no-binaries"
+    version = source / "VERSION"
+    return version.read_text().split()[0] if version.is_file() else source.name
+
+
+@pytest.fixture(scope="session", params=local_tier.sources() or [None], ids=_version_id)
+def local(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[local_tier.LocalCluster]:
+    """One cluster per Kubernetes version; the tests run once on each."""
+    source: Path | None = request.param
+    reason = local_tier.missing_prerequisites(source)
     if reason:
         pytest.skip(reason)
+    assert source is not None
     root = Path(os.environ.get("GPUSHARE_E2E_STATE_ROOT", "/tmp"))
-    bins = local_tier.binaries(Path(os.environ["GPUSHARE_E2E_K8S_BIN"]), root)
-    state = Path(os.environ.get("GPUSHARE_E2E_STATE", root / f"gpushare-e2e-{bins.version}"))
+    bins = local_tier.binaries(source, root)
+    state = root / f"gpushare-e2e-{bins.version}"
     cluster = local_tier.LocalCluster(kubeconfig=state / "kubeconfig", state=state, bins=bins)
+    _local_failures.clear()
+    started = time.monotonic()
     try:
         cluster.up()
         print(
@@ -162,3 +177,4 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_tier.Local
             print(f"\nGPUSHARE_E2E_KEEP=1: cluster left running; KUBECONFIG={cluster.kubeconfig}")
         else:
             cluster.down()
+        print(f"\nreal-cluster tier on {bins.version}: {time.monotonic() - started:.0f}s")

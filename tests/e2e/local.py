@@ -12,10 +12,11 @@ pointed at the extender on loopback with a certificate made here, and
 namespace) and `gpushare-isolation` started with tokens of the chart's
 ServiceAccounts, so the chart's RBAC is what they run with.
 
-Environment: GPUSHARE_E2E_K8S_BIN (the binaries; `scripts/test` sets it from
-../shared/k8s when present), GPUSHARE_E2E_REALCLUSTER (the scripts, default
-../shared/realcluster), GPUSHARE_E2E_STATE (state directory, default
-/tmp/gpushare-e2e-<version>), GPUSHARE_E2E_KEEP=1 (leave the cluster running).
+Environment: GPUSHARE_E2E_K8S_BIN (the binaries, one directory per version separated
+by ':'; `scripts/test` sets it from ../shared/k8s and its version directories when
+present), GPUSHARE_E2E_REALCLUSTER (the scripts, default ../shared/realcluster),
+GPUSHARE_E2E_STATE_ROOT (where the state directory gpushare-e2e-<version> goes,
+default /tmp), GPUSHARE_E2E_KEEP=1 (leave the cluster running).
 """
 
 import base64
@@ -65,18 +66,23 @@ def scripts_dir() -> Path:
     return Path(os.environ.get("GPUSHARE_E2E_REALCLUSTER", str(default)))
 
 
-def missing_prerequisites() -> str | None:
+def sources() -> list[Path]:
+    """The Kubernetes versions to run the tier on: GPUSHARE_E2E_K8S_BIN, one directory or
+    several separated by ':' (each holding the binaries or the release tarball)."""
+    value = os.environ.get("GPUSHARE_E2E_K8S_BIN", "")
+    return [Path(part) for part in value.split(os.pathsep) if part]
+
+
+def missing_prerequisites(source: Path | None) -> str | None:
     """Why the local real-cluster tier cannot run here, or None when it can."""
-    source = os.environ.get("GPUSHARE_E2E_K8S_BIN")
-    if not source:
+    if source is None:
         return (
             "the real-cluster tier needs GPUSHARE_E2E_K8S_BIN: a directory holding the upstream "
-            f"{', '.join(BINARIES)} binaries or {TARBALL} (scripts/test sets it from "
-            "../shared/k8s when that exists)"
+            f"{', '.join(BINARIES)} binaries or {TARBALL}, or several separated by ':' "
+            "(scripts/test sets it from ../shared/k8s when that exists)"
         )
-    path = Path(source)
-    if not (path / "kube-apiserver").is_file() and not (path / TARBALL).is_file():
-        return f"GPUSHARE_E2E_K8S_BIN={source} holds neither kube-apiserver nor {TARBALL}"
+    if not (source / "kube-apiserver").is_file() and not (source / TARBALL).is_file():
+        return f"GPUSHARE_E2E_K8S_BIN: {source} holds neither kube-apiserver nor {TARBALL}"
     if not (scripts_dir() / "up.sh").is_file():
         return f"no real-cluster scripts at {scripts_dir()} (set GPUSHARE_E2E_REALCLUSTER)"
     if os.geteuid() != 0:

@@ -7,13 +7,17 @@ anything: an assumed allocation is also on its way to the API inside the
 Binding. Everything here runs under one lock; scheduling decisions read the
 state and reserve in the same critical section, so concurrent binds cannot both
 take the last slice of a GPU.
+
+It also remembers the pods filter refused on every candidate node and calls
+`on_capacity_freed` when a change it applies adds room, for the requeue nudge
+(extender.requeue), which makes kube-scheduler retry them.
 """
 
 import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +27,7 @@ from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster import EventType
 from gpushare.errors import AnnotationError, Refusal, Rule
-from gpushare.inventory import node_gpus
+from gpushare.inventory import adds_room, node_gpus
 from gpushare.labels import PlacementMode
 from gpushare.objects import Node, Pod
 from gpushare.placement import PlacementPolicy, evaluate, extender_score
@@ -43,6 +47,8 @@ _FIT_TABLES = 64
 _LOG_LIMIT = 50_000
 _OBSERVED_LIMIT = 100_000
 _EXPIRY_EVERY_S = 5.0
+_REFUSED_LIMIT = 10_000
+"""Pods refused everywhere kept for the requeue nudge; the least recently refused go first."""
 
 
 @dataclass(slots=True)
@@ -99,6 +105,13 @@ class SchedulerCache:
         self._log: list[str] = []
         self._observed: OrderedDict[str, None] = OrderedDict()
         self._next_expiry = 0.0
+        self.refused: OrderedDict[str, str] = OrderedDict()
+        """Pods whose last filter answer refused every candidate node, key → UID, least
+        recently refused first: those the requeue nudge asks kube-scheduler to retry."""
+        self._freed: set[str] = set()
+        self.on_capacity_freed: Callable[[], None] = lambda: None
+        """Called (with the lock held) when room appeared on a node while pods wait in
+        `refused`: the requeue worker's wake-up (extender.requeue)."""
         self.nodes_synced = False
         self.pods_synced = False
 
@@ -119,6 +132,7 @@ class SchedulerCache:
             self.nodes = {node.name: node for node in nodes}
             self.nodes_synced = True
             self._rebuild()
+            self._capacity_freed(self.nodes)  # what changed while the watch was away is unknown
 
     def replace_pods(self, pods: list[Pod]) -> None:
         with self.lock:
@@ -129,6 +143,7 @@ class SchedulerCache:
                     self.pods[pod.key] = self._record(pod)
             self.pods_synced = True
             self._rebuild()
+            self._capacity_freed(self.nodes)
 
     def apply_node(self, event_type: EventType, node: Node) -> None:
         with self.lock:
@@ -136,9 +151,14 @@ class SchedulerCache:
                 self.nodes.pop(node.name, None)
                 self._drop_node(node.name)
             else:
+                current = self.state.nodes.get(node.name)
+                before = current.inventory if current else None
                 self.nodes[node.name] = node
                 if not self._put_node(node):
                     return  # a status update that changes nothing placement reads
+                after = self.state.nodes.get(node.name)
+                if adds_room(before, after.inventory if after else None):
+                    self._capacity_freed((node.name,))
             self._changed(node.name)
 
     def apply_pod(self, event_type: EventType, pod: Pod) -> None:
@@ -149,9 +169,12 @@ class SchedulerCache:
                 self.pods.pop(key, None)
                 self.pod_problems.pop(key, None)
                 self.assumed.pop(key, None)
+                self.refused.pop(key, None)
                 self._set_allocation(key, None)
                 return
             record = self.pods[key] = self._record(pod)
+            if record.node:
+                self.refused.pop(key, None)
             assumed = self.assumed.get(key)
             if assumed is not None:
                 if assumed.uid == record.uid and record.allocation is None and not record.node:
@@ -196,6 +219,46 @@ class SchedulerCache:
             for key in dropped:
                 log.warning("dropped the assumed bind of %s: the watch never showed it", key)
             return dropped
+
+    # ----- pods refused everywhere, for the requeue nudge
+
+    def filtered(self, pod_key: str, uid: str, refused_everywhere: bool) -> None:
+        """Filter's verdict on a pod: remembered while every candidate node refuses it.
+        Call with the lock held; one dict operation, as filter is the hot path."""
+        if refused_everywhere:
+            self.refused[pod_key] = uid
+            self.refused.move_to_end(pod_key)
+            if len(self.refused) > _REFUSED_LIMIT:
+                self.refused.popitem(last=False)
+        elif self.refused:
+            self.refused.pop(pod_key, None)
+
+    def take_requeue(self, limit: int) -> tuple[set[str], list[tuple[str, str]]]:
+        """The nodes where room appeared since the last call, and up to `limit` refused
+        pods (key, UID) still waiting, least recently refused first. Pods the watch
+        shows bound, being deleted or created again are forgotten here; pods it has
+        not shown yet are kept (patching one that is gone answers 404)."""
+        with self.lock:
+            nodes, self._freed = self._freed, set()
+            waiting: list[tuple[str, str]] = []
+            gone = []
+            for key, uid in self.refused.items():
+                record = self.pods.get(key)
+                if record is not None and (record.node or record.deleting or record.uid != uid):
+                    gone.append(key)
+                    continue
+                waiting.append((key, uid))
+                if len(waiting) == limit:
+                    break
+            for key in gone:
+                del self.refused[key]
+            return nodes, waiting
+
+    def forget_refused(self, pod_key: str, uid: str) -> None:
+        """The API says the pod is gone."""
+        with self.lock:
+            if self.refused.get(pod_key) == uid:
+                del self.refused[pod_key]
 
     # ----- what filter, prioritize, bind and preempt read (call with the lock held)
 
@@ -320,10 +383,17 @@ class SchedulerCache:
             return
         if allocation is None:
             self.state.remove_pod(pod_key)
+            if old is not None:
+                self._capacity_freed((old.node,))
         else:
             self.state.add_pod(pod_key, allocation)
         for node in {a.node for a in (old, allocation) if a is not None}:
             self._changed(node)
+
+    def _capacity_freed(self, nodes: Iterable[str]) -> None:
+        if self.refused:  # nobody waits otherwise: leave the worker asleep
+            self._freed.update(nodes)
+            self.on_capacity_freed()
 
     def _changed(self, node: str) -> None:
         self._log.append(node)

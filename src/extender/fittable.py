@@ -107,6 +107,9 @@ class Answers:
         """The NodeNames array, as JSON."""
         return self._json(_PASSED, "[", "]")
 
+    def fits_nowhere(self) -> bool:
+        return self.passed_json() == "[]"
+
     def passed(self) -> set[str]:
         return {json.loads(name) for name in filter(None, map(_PART[_PASSED], self.entries))}
 

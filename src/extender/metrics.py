@@ -1,5 +1,5 @@
 """Prometheus metrics of the extender: request latency per verb, binds and their
-conflicts, filter rejections by rule, and what is allocated on each GPU.
+conflicts, filter rejections by rule, requeue nudges, and what is allocated on each GPU.
 
 Each extender has its own registry, so several can live in one process (tests,
 the demo); the per-GPU gauges are read from the cache at scrape time.
@@ -43,6 +43,13 @@ class ExtenderMetrics:
             ["rule"],
             registry=self.registry,
         )
+        self.requeues = Counter(
+            "gpushare_extender_requeues",
+            "Pods refused on every node, patched so that kube-scheduler retries them after "
+            "GPU capacity freed, by result (requeued, gone, failed)",
+            ["result"],
+            registry=self.registry,
+        )
         self.admission = Counter(
             "gpushare_admission_reviews",
             "Admission reviews answered, by webhook and outcome",
@@ -84,6 +91,10 @@ class _GpuCollector(Collector):
         assumed = GaugeMetricFamily(
             "gpushare_extender_assumed_pods", "Binds the watch has not shown yet"
         )
+        refused = GaugeMetricFamily(
+            "gpushare_extender_refused_pods",
+            "Pods whose last filter refused every candidate node (requeued when room appears)",
+        )
         with self._cache.lock:
             for name, state in sorted(self._cache.state.nodes.items()):
                 for gpu in state.inventory.gpus:
@@ -94,4 +105,5 @@ class _GpuCollector(Collector):
                     core.add_metric(values, used_core)
                     pods.add_metric(values, count)
             assumed.add_metric([], len(self._cache.assumed))
-        yield from (mem, mem_total, core, pods, assumed)
+            refused.add_metric([], len(self._cache.refused))
+        yield from (mem, mem_total, core, pods, assumed, refused)

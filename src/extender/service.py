@@ -1,5 +1,6 @@
 """One extender, assembled: its configuration, the cache fed by two watches, the
-binder, the metrics and the two HTTP apps, over any gpushare.cluster.Cluster."""
+binder, the requeue worker, the metrics and the two HTTP apps, over any
+gpushare.cluster.Cluster."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,14 +12,16 @@ from extender.binder import Binder
 from extender.cache import SchedulerCache, interesting
 from extender.metrics import ExtenderMetrics
 from extender.policychoice import validate_default
+from extender.requeue import Requeuer
 from extender.version import VERSION
 from gpushare.cluster import Cluster
 from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
 from kubecluster.watchcache import WatchCache
 
-API_CONNECTIONS = BINDS_AT_ONCE + 2
+API_CONNECTIONS = BINDS_AT_ONCE + 3
 """Requests the extender has open against the API server at most: one per bind
-running (its calls follow one another) and the node and pod watches."""
+running (its calls follow one another), the node and pod watches and the requeue
+worker's patches."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class ExtenderService:
         )
         self.metrics = ExtenderMetrics(self.cache)
         self.binder = Binder(cluster, self.cache, self.metrics)
+        self.requeuer = Requeuer(cluster, self.cache, self.metrics)
+        self.cache.on_capacity_freed = self.requeuer.wake
         self.extender = Extender(
             self.cache, self.binder, self.metrics, config.scheduler_name, config.summary()
         )
@@ -79,6 +84,7 @@ class ExtenderService:
         )
 
     def start_watching(self) -> "ExtenderService":
+        self.requeuer.start()
         self.node_watch.start()
         self.pod_watch.start()
         return self
@@ -89,6 +95,7 @@ class ExtenderService:
     def stop_watching(self) -> None:
         self.node_watch.stop()
         self.pod_watch.stop()
+        self.requeuer.stop()
 
     def app(self) -> FastAPI:
         return extender_app(self.extender, self.config.url_prefix)

@@ -33,6 +33,8 @@ def filter_nodes(cache: SchedulerCache, metrics: ExtenderMetrics, args: Extender
     with cache.lock:
         cache.observe(args.pod.metadata.uid or args.pod.key, request, policy)
         answers = cache.answers(request, policy, names)
+        # Retried by the requeue nudge (extender.requeue) while it fits nowhere.
+        cache.filtered(args.pod.key, args.pod.metadata.uid, answers.fits_nowhere())
     for rule, count in answers.rules().items():
         metrics.filter_rejections.labels(rule).inc(count)
     failed, unresolvable = answers.failed_json(), answers.unresolvable_json()

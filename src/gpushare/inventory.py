@@ -59,6 +59,25 @@ class NodeGpus:
         raise KeyError(f"node {self.node} has no GPU {index}")
 
 
+def adds_room(before: NodeGpus | None, after: NodeGpus | None) -> bool:
+    """Whether a pod may fit on `after` that fitted nowhere on `before`: the node is
+    new or readable again, its mode changed, a GPU appeared, grew or became healthy,
+    or more pods may share a GPU. A change of placement policy orders candidates
+    only, so it adds no room."""
+    if after is None:
+        return False
+    if before is None or before.mode != after.mode:
+        return True
+    if after.max_pods_per_gpu > before.max_pods_per_gpu:
+        return True
+    usable = {gpu.index: gpu for gpu in before.gpus if gpu.healthy}
+    return any(gpu.healthy and not _within(gpu, usable.get(gpu.index)) for gpu in after.gpus)
+
+
+def _within(gpu: Gpu, before: Gpu | None) -> bool:
+    return before is not None and gpu.mem <= before.mem and gpu.core <= before.core
+
+
 class _GpuRecord(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
     index: int

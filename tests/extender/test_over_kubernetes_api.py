@@ -1,6 +1,7 @@
 """The same extender over KubeCluster: scheduler JSON in, Kubernetes API calls out."""
 
 import logging
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -8,6 +9,7 @@ import httpx
 from kubernetes import client
 
 from extender.app import BINDS_AT_ONCE
+from extender.requeue import REQUEUED_AT_ANNOTATION
 from extender.server import HttpServer
 from extender.service import API_CONNECTIONS, ExtenderConfig, ExtenderService
 from gpushare import annotation
@@ -100,3 +102,40 @@ def test_a_burst_of_binds_keeps_every_api_connection(tmp_path, caplog):
         service.stop_watching()
         api.close()
     assert not [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()]
+
+
+def test_the_requeue_nudge_is_a_merge_patch_of_one_annotation():
+    memory = MemoryCluster()
+    memory.add_node(node("n1", "1x16GiB"))
+    api = ApiServer(memory)
+    configuration = client.Configuration()
+    configuration.host = api.url
+    kube = KubeCluster(client.ApiClient(configuration), watch_timeout_s=30)
+    service = ExtenderService(kube, ExtenderConfig()).start_watching()
+    server = HttpServer(service.app()).start()
+    try:
+        assert service.wait_synced(10)
+        holder = memory.create_pod(pod("holder", mem=16))
+        waiter = memory.create_pod(pod("waiter", mem=16))
+        wait_until(lambda: waiter.key in service.cache.pods, what="the watch to see the pods")
+        with httpx.Client(base_url=server.url + PREFIX) as http:
+            meta = holder.metadata
+            bind = {"PodName": "holder", "PodNamespace": "default", "PodUID": meta.uid}
+            assert http.post("/bind", json={**bind, "Node": "n1"}).json() == {"Error": ""}
+            wait_until(lambda: not service.cache.assumed, what="the watch to show the bind")
+            args = {"Pod": pod_json(waiter), "Nodes": None, "NodeNames": ["n1"]}
+            assert http.post("/filter", json=args).json()["NodeNames"] == []
+        memory.delete_pod("default", "holder")
+        wait_until(lambda: api.seen("PATCH"), what="the requeue patch")
+        [patch] = api.seen("PATCH")
+        assert patch.path == "/api/v1/namespaces/default/pods/waiter"
+        assert patch.content_type == "application/merge-patch+json"
+        assert list(patch.body) == ["metadata"] and list(patch.body["metadata"]) == ["annotations"]
+        [(key, stamp)] = patch.body["metadata"]["annotations"].items()
+        assert key == REQUEUED_AT_ANNOTATION == "gpushare.io/requeued-at"
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp)
+        assert memory.get_pod("default", "waiter").metadata.annotations[key] == stamp
+    finally:
+        server.stop()
+        service.stop_watching()
+        api.close()

@@ -112,17 +112,58 @@ def test_a_burst_of_mixed_pods_is_placed_within_the_rules_and_none_is_stranded(
     print(f"\nburst: {len(running)}/28 Running, the rest unplaceable, in {elapsed:.1f}s")
 
 
-def test_deleting_a_pod_frees_its_gpu_for_a_waiting_one(local: LocalCluster):
-    local.create([pod("fill-a", 16), pod("fill-b", 16), pod("fill-c", 24)])
-    local.wait_running(WORKLOAD_LABEL, 3)
-    freed = gpus_of(local, "fill-a")
-    local.create([pod("waiter", 16)])
+@pytest.mark.parametrize(
+    ("fill", "waiting"),
+    [((16, 16, 24), 16), ((10, 10, 18), 12)],
+    ids=["node-full", "node-sum-fits-no-gpu-does"],
+)
+def test_a_waiting_pod_binds_within_seconds_of_a_gpu_freeing(
+    local: LocalCluster, fill: tuple[int, ...], waiting: int
+):
+    """The scheduler retries a refused pod when an assigned pod is deleted, possibly
+    before the extender's own watch has seen the deletion; the extender then nudges the
+    pod (gpushare.io/requeued-at) once its cache frees the slice."""
+    local.create([pod(f"fill-{i}", mem) for i, mem in enumerate(fill)])
+    local.wait_running(WORKLOAD_LABEL, len(fill))
+    freed = gpus_of(local, "fill-1")
+    local.create([pod("waiter", waiting)])
     wait_for("waiter refused", lambda: failed_scheduling(local, "waiter"), 60, every=0.5)
-    started = time.monotonic()
-    local.kubectl("delete", "pod", "fill-a", "--wait=false")
-    local.wait_running(WORKLOAD_LABEL, 3, timeout=60)
-    print(f"\nwaiter Running {time.monotonic() - started:.1f}s after the delete")
+    local.kubectl("delete", "pod", "fill-1", "--wait=true")
+    gone = time.monotonic()
+    wait_for("waiter bound", lambda: local.get("pod", "waiter")["spec"].get("nodeName"), 30, 0.2)
+    delay = time.monotonic() - gone
+    print(f"\nwaiter bound {delay:.1f}s after the freeing pod was gone")
+    assert delay <= 5.0
     assert gpus_of(local, "waiter") == freed
+    local.wait_running(WORKLOAD_LABEL, len(fill), timeout=60)
+
+
+def scheduling_attempts(local: LocalCluster, name: str) -> int:
+    return sum(
+        e.get("count") or e.get("series", {}).get("count") or 1
+        for e in local.events_for(name)
+        if e["reason"] == "FailedScheduling"
+    )
+
+
+def test_the_scheduler_retries_a_pod_the_extender_refused_when_it_is_nudged(
+    local: LocalCluster,
+):
+    """What the nudge relies on, on this version of kube-scheduler: a pod refused by the
+    extender alone is retried at once when its annotations change."""
+    local.create([pod("fill-0", 10), pod("fill-1", 10), pod("fill-2", 18)])
+    local.wait_running(WORKLOAD_LABEL, 3)
+    local.create([pod("waiter", 12)])  # the node has 18 GiB free, no GPU has 12
+    wait_for("waiter refused", lambda: failed_scheduling(local, "waiter"), 60, every=0.5)
+    time.sleep(2)  # past the scheduler's first backoff
+    before = scheduling_attempts(local, "waiter")
+    local.kubectl("annotate", "pod", "waiter", "gpushare.io/requeued-at=test", "--overwrite")
+    wait_for(
+        "another scheduling attempt",
+        lambda: scheduling_attempts(local, "waiter") > before,
+        timeout=10,
+        every=0.2,
+    )
 
 
 def test_a_terminating_pod_keeps_its_gpu_until_it_is_gone(local: LocalCluster):

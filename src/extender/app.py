@@ -9,7 +9,7 @@ shape kube-scheduler reads (`{"Error": ...}`), never a 422 or a 500, and so a
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from anyio import CapacityLimiter, to_thread
@@ -51,13 +51,14 @@ class Extender:
         cache: SchedulerCache,
         binder: Binder,
         metrics: ExtenderMetrics,
-        scheduler_name: str,
+        scheduler_names: Sequence[str],
         describe: str = "",
     ) -> None:
         self.cache = cache
         self.binder = binder
         self.metrics = metrics
-        self.scheduler_name = scheduler_name
+        self.scheduler_names = tuple(scheduler_names)
+        """Every name our scheduler serves; the first is what the mutating webhook writes."""
         self.describe = describe
         self.args_reader = ExtenderArgsReader()
 
@@ -76,13 +77,13 @@ class Extender:
         return verbs.preempt_nodes(self.cache, parse(PreemptionArgs, body))
 
     def validate(self, body: bytes) -> bytes:
-        answer = webhook.validate(parse(AdmissionReview, body))
+        answer = webhook.validate(parse(AdmissionReview, body), self.scheduler_names)
         allowed = str(answer["response"]["allowed"]).lower()
         self.metrics.admission.labels("validate", allowed).inc()
         return dumps(answer)
 
     def mutate(self, body: bytes) -> bytes:
-        answer = webhook.mutate(parse(AdmissionReview, body), self.scheduler_name)
+        answer = webhook.mutate(parse(AdmissionReview, body), self.scheduler_names[0])
         self.metrics.admission.labels("mutate", "true").inc()
         return dumps(answer)
 

@@ -11,6 +11,7 @@ rebuilt from the pods' allocation annotations alone.
 import argparse
 import gc
 import logging
+import re
 import sys
 import threading
 from collections.abc import Sequence
@@ -19,10 +20,14 @@ from pathlib import Path
 from extender.policychoice import validate_default
 from extender.server import HttpServer
 from extender.service import API_CONNECTIONS, ExtenderConfig, ExtenderService
+from extender.webhook import DEFAULT_SCHEDULER
 from gpushare.policies import POLICIES
-from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
+from gpushare.resources import ACK_SCHEDULER_NAME, DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
 
 log = logging.getLogger("extender")
+
+# What the API server accepts in a pod's spec.schedulerName: a DNS-1123 subdomain.
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
         f"scheduler (default {SCHEDULER_NAME})",
     )
     parser.add_argument(
+        "--extra-scheduler-names",
+        default=ACK_SCHEDULER_NAME,
+        help="comma-separated further schedulerNames the scheduler beside this extender "
+        "serves (its other profiles); the webhook checks pods naming them like pods naming "
+        "--scheduler-name and warns about GPU pods naming a scheduler that is neither ours "
+        f"nor {DEFAULT_SCHEDULER}; empty for none (default {ACK_SCHEDULER_NAME})",
+    )
+    parser.add_argument(
         "--default-placement",
         default="binpack",
         help="placement policy for nodes without the ack.node.gpu.placement label and pods "
@@ -96,6 +109,7 @@ def config_from(args: argparse.Namespace) -> ExtenderConfig:
             raise ValueError(f"TLS file {path} does not exist")
     if args.max_pods_per_gpu < 1:
         raise ValueError(f"--max-pods-per-gpu must be at least 1, got {args.max_pods_per_gpu}")
+    extra_names = _extra_scheduler_names(args.scheduler_name, args.extra_scheduler_names)
     return ExtenderConfig(
         host=args.host,
         port=args.port,
@@ -104,9 +118,34 @@ def config_from(args: argparse.Namespace) -> ExtenderConfig:
         tls_cert_file=args.tls_cert_file,
         tls_key_file=args.tls_key_file,
         scheduler_name=args.scheduler_name,
+        extra_scheduler_names=extra_names,
         default_placement=validate_default(args.default_placement),
         max_pods_per_gpu=args.max_pods_per_gpu,
     )
+
+
+def _extra_scheduler_names(main_name: str, extra: str) -> tuple[str, ...]:
+    """The extra names, checked as kube-scheduler and the API server would need them:
+    names a pod can carry, each served by one profile only."""
+    names = [name.strip() for name in extra.split(",")] if extra.strip() else []
+    seen: set[str] = set()
+    for flag, name in [("--scheduler-name", main_name)] + [
+        ("--extra-scheduler-names", name) for name in names
+    ]:
+        if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+            raise ValueError(
+                f"{flag}: {name!r} is not a scheduler name a pod can carry (a DNS-1123 "
+                "subdomain: lower-case letters, digits, '-' and '.', at most 253 characters)"
+            )
+        if name == DEFAULT_SCHEDULER:
+            raise ValueError(f"{flag}: {DEFAULT_SCHEDULER} is the default scheduler's name")
+        if name in seen:
+            raise ValueError(
+                f"{flag}: {name} is named twice across --scheduler-name and "
+                "--extra-scheduler-names (each is one profile of kube-scheduler)"
+            )
+        seen.add(name)
+    return tuple(names)
 
 
 def _report_sync(service: ExtenderService) -> None:

@@ -15,7 +15,7 @@ from extender.policychoice import validate_default
 from extender.requeue import Requeuer
 from extender.version import VERSION
 from gpushare.cluster import Cluster
-from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
+from gpushare.resources import ACK_SCHEDULER_NAME, DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
 from kubecluster.watchcache import WatchCache
 
 API_CONNECTIONS = BINDS_AT_ONCE + 3
@@ -33,12 +33,18 @@ class ExtenderConfig:
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     scheduler_name: str = SCHEDULER_NAME
+    extra_scheduler_names: tuple[str, ...] = (ACK_SCHEDULER_NAME,)
     default_placement: str = "binpack"
     max_pods_per_gpu: int = DEFAULT_MAX_PODS_PER_GPU
 
     @property
     def webhook_enabled(self) -> bool:
         return self.tls_cert_file is not None and self.tls_key_file is not None
+
+    @property
+    def scheduler_names(self) -> tuple[str, ...]:
+        """Every schedulerName our scheduler serves, the one the webhook writes first."""
+        return (self.scheduler_name, *self.extra_scheduler_names)
 
     def summary(self) -> str:
         webhook = (
@@ -49,7 +55,8 @@ class ExtenderConfig:
         return (
             f"gpushare-extender {VERSION}: http://{self.host}:{self.port}"
             f"{self.url_prefix}/filter|prioritize|bind|preempt, {webhook}, "
-            f"scheduler {self.scheduler_name}, default placement {self.default_placement}, "
+            f"schedulers {', '.join(self.scheduler_names)}, "
+            f"default placement {self.default_placement}, "
             f"max {self.max_pods_per_gpu} pods per GPU"
         )
 
@@ -70,7 +77,7 @@ class ExtenderService:
         self.requeuer = Requeuer(cluster, self.cache, self.metrics)
         self.cache.on_capacity_freed = self.requeuer.wake
         self.extender = Extender(
-            self.cache, self.binder, self.metrics, config.scheduler_name, config.summary()
+            self.cache, self.binder, self.metrics, config.scheduler_names, config.summary()
         )
         self.node_watch = WatchCache(
             "nodes", cluster.list_nodes, cluster.watch_nodes, self.cache.node_sink()

@@ -2,12 +2,16 @@
 
 validate: refuses a pod that breaks a rule of the resource model, with every
 rule it breaks in the message, so `kubectl apply` fails at once instead of the
-pod waiting Pending forever. mutate: sends pods that ask for our resources and
-kept the default scheduler to ours (a JSONPatch on spec.schedulerName).
+pod waiting Pending forever; and warns (admitting it) about a pod that asks for
+our resources under a scheduler name that neither we nor the default scheduler
+serve, which nothing may ever schedule. mutate: sends pods that ask for our
+resources and kept the default scheduler to ours (a JSONPatch on
+spec.schedulerName).
 """
 
 import base64
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -21,10 +25,13 @@ from gpushare.request import parse_pod_request, requests_gpu
 DEFAULT_SCHEDULER = "default-scheduler"
 
 
-def validate(review: AdmissionReview) -> dict[str, Any]:
+def validate(review: AdmissionReview, served: Sequence[str]) -> dict[str, Any]:
+    """`served`: every schedulerName our scheduler serves."""
     pod = _pod(review)
     if pod is None:
         return _answer(review, allowed=True)
+    warnings = _unserved_scheduler(pod, served)
+    extra: dict[str, Any] = {"warnings": warnings} if warnings else {}
     refusals: list[Refusal] = []
     try:
         parse_pod_request(pod)
@@ -34,13 +41,27 @@ def validate(review: AdmissionReview) -> dict[str, Any]:
     if policy is not None:
         refusals.append(policy)
     if not refusals:
-        return _answer(review, allowed=True)
+        return _answer(review, allowed=True, **extra)
     message = f"gpushare refused pod {_name(review, pod)}: " + "; ".join(map(str, refusals))
     return _answer(
         review,
         allowed=False,
         status={"code": 403, "reason": "Forbidden", "message": message},
+        **extra,
     )
+
+
+def _unserved_scheduler(pod: Pod, served: Sequence[str]) -> list[str]:
+    """The admission warning (kubectl prints it) for a GPU pod that names a scheduler
+    neither we nor the default scheduler serve: admitted, it may stay Pending with no
+    event at all. Kept near the 120 characters the API asks warnings to stay under."""
+    name = pod.spec.scheduler_name or DEFAULT_SCHEDULER
+    if name == DEFAULT_SCHEDULER or name in served or not requests_gpu(pod):
+        return []
+    return [
+        f'schedulerName "{name}" is not gpushare\'s ({", ".join(served)}); '
+        "Pending unless such a scheduler runs"
+    ]
 
 
 def mutate(review: AdmissionReview, scheduler_name: str) -> dict[str, Any]:

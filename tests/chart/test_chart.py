@@ -235,6 +235,7 @@ def test_scheduler_runs_stock_kube_scheduler_with_the_extender_as_sidecar(defaul
         "--port": "39999",
         "--url-prefix": "/gpushare-scheduler",
         "--scheduler-name": "gpushare-scheduler",
+        "--extra-scheduler-names": "ack-co-scheduler",
         "--default-placement": "binpack",
         "--max-pods-per-gpu": "20",
         "--log-level": "info",
@@ -282,7 +283,10 @@ def test_scheduler_configuration_is_valid_for_kube_scheduler(values):
     assert set(config) <= CONFIG_KEYS
     assert set(config["leaderElection"]) <= LEADER_KEYS
     assert config["leaderElection"]["resourceName"] != "kube-scheduler"
-    assert config["profiles"] == [{"schedulerName": "gpushare-scheduler"}]
+    assert config["profiles"] == [
+        {"schedulerName": "gpushare-scheduler"},
+        {"schedulerName": "ack-co-scheduler"},
+    ]
     assert config["percentageOfNodesToScore"] == 100
     [extender] = config["extenders"]
     assert set(extender) <= EXTENDER_KEYS
@@ -308,6 +312,53 @@ def test_scheduler_configuration_is_valid_for_kube_scheduler(values):
     assert extender["urlPrefix"] == (
         f"http://127.0.0.1:{extender_flags['--port']}{extender_flags['--url-prefix']}"
     )
+
+
+def profile_names(rendered) -> list[str]:
+    return [p["schedulerName"] for p in scheduler_config(rendered)["profiles"]]
+
+
+def served_by_extender(rendered) -> tuple[str, ...]:
+    """The names the extender serves, parsed by the extender from the chart's flags."""
+    from extender.main import build_parser, config_from
+
+    spec = rendered.one("Deployment")["spec"]["template"]["spec"]
+    argv = [f"{k}={v}" for k, v in flags(container(spec, "extender")).items()
+            if k in ("--scheduler-name", "--extra-scheduler-names")]  # fmt: skip
+    return config_from(build_parser().parse_args(argv)).scheduler_names
+
+
+def test_each_extra_scheduler_name_is_one_more_profile_of_the_same_scheduler():
+    rendered = render(
+        {"scheduler": {"name": "gpu", "extraSchedulerNames": ["ack-co-scheduler", "team.gpu"]}}
+    )
+    config = scheduler_config(rendered)
+    assert profile_names(rendered) == ["gpu", "ack-co-scheduler", "team.gpu"]
+    # Alike but for the name (plugins, pluginConfig, queueSort), so each places pods as
+    # the first; the extender and percentageOfNodesToScore are global to all profiles.
+    bodies = [{k: v for k, v in p.items() if k != "schedulerName"} for p in config["profiles"]]
+    assert all(body == bodies[0] for body in bodies)
+    assert len(config["extenders"]) == 1 and config["percentageOfNodesToScore"] == 100
+    assert served_by_extender(rendered) == ("gpu", "ack-co-scheduler", "team.gpu")
+
+
+@pytest.mark.parametrize("extra", [[], None], ids=["none", "older-release"])
+def test_without_extra_names_the_scheduler_serves_its_name_alone(extra):
+    """None: absent, as in a release upgraded with --reuse-values from an older chart."""
+    rendered = render({"scheduler": {"extraSchedulerNames": extra}})
+    assert profile_names(rendered) == ["gpushare-scheduler"]
+    assert served_by_extender(rendered) == ("gpushare-scheduler",)
+
+
+def test_by_default_the_extender_serves_exactly_the_profiles(default):
+    assert served_by_extender(default) == tuple(profile_names(default))
+    assert profile_names(default) == ["gpushare-scheduler", "ack-co-scheduler"]
+
+
+def test_an_extra_name_equal_to_the_main_one_fails_with_the_reason():
+    reason = re.escape("gpushare-scheduler is scheduler.name already")
+    with pytest.raises(helm.HelmRenderError, match=reason):
+        render({"scheduler": {"extraSchedulerNames": ["ack-co-scheduler", "gpushare-scheduler"]}})
 
 
 def test_leader_election_lease_is_its_own_and_in_the_release_namespace(default):
@@ -376,6 +427,9 @@ def test_match_condition_selects_pods_naming_our_resources(default):
     assert "object.spec.containers.exists" in expression
     assert "object.spec.initContainers.exists" in expression
     assert expression.count("k.startsWith('aliyun.com/gpu-')") == 4  # limits and requests, x2
+    # Resources alone decide: a GPU pod naming any scheduler reaches the webhook, which
+    # checks it and warns when nobody serves that name.
+    assert "schedulerName" not in expression and "objectSelector" not in hook
     assert all(r.startswith("aliyun.com/gpu-") for r in MANAGED_RESOURCES)
 
 
@@ -769,6 +823,15 @@ def test_dashboard_configmap_is_picked_up_by_grafana_and_uses_documented_metrics
         {"gpu": {"mockGpus": "two big GPUs"}},
         {"extender": {"weight": 0}},
         {"scheduler": {"leaderElection": {"resourceName": "kube-scheduler"}}},
+        {"scheduler": {"name": "default-scheduler"}},
+        {"scheduler": {"name": "GPU"}},
+        {"scheduler": {"extraSchedulerNames": ["default-scheduler"]}},
+        {"scheduler": {"extraSchedulerNames": ["ack_co_scheduler"]}},
+        {"scheduler": {"extraSchedulerNames": ["ack-co-scheduler-"]}},
+        {"scheduler": {"extraSchedulerNames": [""]}},
+        {"scheduler": {"extraSchedulerNames": ["x" * 254]}},
+        {"scheduler": {"extraSchedulerNames": ["ack-co-scheduler", "ack-co-scheduler"]}},
+        {"scheduler": {"extraSchedulerNames": "ack-co-scheduler"}},
         {"isolation": {"memoryAction": "warn"}},
         {"devicePlugin": {"metricPort": 9401}},
     ],
@@ -785,6 +848,13 @@ def test_defaults_satisfy_the_schema():
         assert chart.values["gpu"]["backend"] == "nvml"
         assert chart.values["webhook"]["failurePolicy"] == "auto"
         assert chart.values["webhook"]["matchConditions"] == "auto"
+
+
+@pytest.mark.parametrize("names", [[], ["ack-co-scheduler"], ["ack-co-scheduler", "team.gpu"]])
+def test_schema_accepts_extra_scheduler_names_a_pod_can_carry(names):
+    """The refusals above are of these names (not of an unknown key)."""
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema({"scheduler": {"name": "gpu", "extraSchedulerNames": names}})
 
 
 @pytest.mark.parametrize("policy", ["auto", "Fail", "Ignore"])
@@ -814,8 +884,8 @@ CONTRACT_FLAGS = {
     "gpushare-extender": (
         "extender.main",
         {"--host", "--port", "--url-prefix", "--webhook-port", "--tls-cert-file",
-         "--tls-key-file", "--scheduler-name", "--default-placement", "--max-pods-per-gpu",
-         "--kubeconfig", "--log-level"},
+         "--tls-key-file", "--scheduler-name", "--extra-scheduler-names", "--default-placement",
+         "--max-pods-per-gpu", "--kubeconfig", "--log-level"},
     ),
     "gpushare-isolation": (
         "isolation.main",
@@ -876,7 +946,7 @@ def test_chart_config_means_what_the_standalone_example_means(default):
         pytest.skip("config/kube-scheduler-config.yaml is not in this tree yet")
     example = yaml.safe_load(example_path.read_text())
     chart = scheduler_config(default)
-    assert example["profiles"][0]["schedulerName"] == chart["profiles"][0]["schedulerName"]
+    assert example["profiles"] == chart["profiles"]
     assert example["leaderElection"]["resourceName"] != "kube-scheduler"
     [theirs] = example["extenders"]
     [ours] = chart["extenders"]

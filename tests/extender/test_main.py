@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from extender.main import main
+from extender.main import build_parser, config_from, main
 from gpushare.cluster.memory import MemoryCluster
 from tests.builders import node
 from tests.extender.tls import self_signed
@@ -27,6 +27,7 @@ FLAGS = [
     "--tls-cert-file",
     "--tls-key-file",
     "--scheduler-name",
+    "--extra-scheduler-names",
     "--default-placement",
     "--max-pods-per-gpu",
     "--kubeconfig",
@@ -52,11 +53,48 @@ def test_help_explains_every_flag():
         (["--kubeconfig", "/nonexistent/kubeconfig"], "/nonexistent/kubeconfig does not exist"),
         (["--default-placement", "tetris"], "'tetris' is not a placement policy"),
         (["--max-pods-per-gpu", "0"], "at least 1"),
+        (
+            ["--extra-scheduler-names", "ack-co-scheduler,Volcano"],
+            "--extra-scheduler-names: 'Volcano' is not a scheduler name a pod can carry "
+            "(a DNS-1123 subdomain",
+        ),
+        (["--extra-scheduler-names", "a,,b"], "'' is not a scheduler name"),
+        (["--extra-scheduler-names", "x" * 254], "at most 253 characters"),
+        (
+            ["--extra-scheduler-names", "default-scheduler"],
+            "default-scheduler is the default scheduler's name",
+        ),
+        (
+            ["--scheduler-name", "default-scheduler"],
+            "--scheduler-name: default-scheduler is the default scheduler's name",
+        ),
+        (
+            ["--extra-scheduler-names", "gpushare-scheduler"],
+            "--extra-scheduler-names: gpushare-scheduler is named twice",
+        ),
+        (["--extra-scheduler-names", "a,b,a"], "a is named twice"),
     ],
 )
 def test_bad_flags_stop_it_with_the_reason(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "served"),
+    [
+        ([], ("gpushare-scheduler", "ack-co-scheduler")),
+        (["--extra-scheduler-names", ""], ("gpushare-scheduler",)),
+        (
+            ["--scheduler-name", "gpu", "--extra-scheduler-names", " ack-co-scheduler, team.gpu "],
+            ("gpu", "ack-co-scheduler", "team.gpu"),
+        ),
+    ],
+)
+def test_the_extender_serves_its_scheduler_name_and_the_extra_ones(argv, served):
+    config = config_from(build_parser().parse_args(argv))
+    assert config.scheduler_names == served
+    assert f"schedulers {', '.join(served)}," in config.summary()
 
 
 def free_port() -> int:
@@ -133,5 +171,6 @@ def test_it_starts_against_a_cluster_logs_its_configuration_and_serves(tmp_path:
     assert summary, err
     assert f"http://127.0.0.1:{port}/gpushare-scheduler" in summary[0]
     assert "default placement spread" in summary[0]
+    assert "schedulers gpushare-scheduler, ack-co-scheduler" in summary[0]
     assert f"https://127.0.0.1:{webhook_port}" in summary[0]
     assert process.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal

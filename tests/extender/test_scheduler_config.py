@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extender.main import build_parser
-from gpushare.resources import MANAGED_RESOURCES, SCHEDULER_NAME
+from extender.main import build_parser, config_from
+from gpushare.resources import ACK_SCHEDULER_NAME, MANAGED_RESOURCES, SCHEDULER_NAME
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "kube-scheduler-config.yaml"
 
@@ -82,11 +82,28 @@ def test_every_key_is_one_kube_scheduler_knows(config):
 
 
 def test_it_is_a_second_scheduler_with_its_own_lease(config):
-    assert [p["schedulerName"] for p in config["profiles"]] == [SCHEDULER_NAME]
+    assert config["profiles"][0]["schedulerName"] == SCHEDULER_NAME
     election = config["leaderElection"]
     assert election["leaderElect"] is True
     assert election["resourceName"] not in ("", "kube-scheduler")
     assert config["percentageOfNodesToScore"] == 100
+
+
+def test_it_serves_ack_co_scheduler_as_the_extender_expects_by_default(config):
+    names = [p["schedulerName"] for p in config["profiles"]]
+    assert names == [SCHEDULER_NAME, ACK_SCHEDULER_NAME]
+    assert config_from(build_parser().parse_args([])).scheduler_names == tuple(names)
+
+
+def test_profiles_are_unique_and_alike_as_kube_scheduler_requires(config):
+    """kube-scheduler refuses a name twice and profiles with different queueSort; and
+    each of our names must place pods as the first does (the extender is global)."""
+    names = [p["schedulerName"] for p in config["profiles"]]
+    assert all(names) and len(names) == len(set(names))
+    first, *others = [
+        {k: v for k, v in p.items() if k != "schedulerName"} for p in config["profiles"]
+    ]
+    assert all(other == first for other in others)
 
 
 def test_the_extender_stanza_is_valid_and_matches_the_extender(config):

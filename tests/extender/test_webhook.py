@@ -13,7 +13,7 @@ import pytest
 from extender.server import HttpServer
 from extender.service import ExtenderConfig, ExtenderService
 from gpushare.cluster.memory import MemoryCluster
-from tests.builders import pod
+from tests.builders import container, pod
 from tests.extender.harness import pod_json
 from tests.extender.tls import self_signed
 
@@ -171,3 +171,97 @@ def test_mutate_changes_nothing_on_update(webhook):
     client, _ = webhook
     answer = client.post("/mutate", json=review(pod_json(pod("p", mem=2)), "UPDATE")).json()
     assert "patch" not in answer["response"] and answer["response"]["allowed"]
+
+
+# ----- scheduler names: ours (the main one and the extra ones, ack-co-scheduler by
+# default), the default scheduler's, and names nobody serves
+
+
+def named(p: dict, scheduler: str) -> dict:
+    p["spec"]["schedulerName"] = scheduler
+    return p
+
+
+def ack_sample_pod() -> dict:
+    """The pod of ACK's sample Job gpu-share-sample, as the Job controller creates it."""
+    p = named(pod_json(pod("x", mem=3)), "ack-co-scheduler")
+    p["metadata"] = {"generateName": "gpu-share-sample-", "namespace": "default"}
+    return p
+
+
+def test_a_pod_naming_ack_co_scheduler_is_admitted_as_ours_unchanged(webhook):
+    client, _ = webhook
+    for path in ("/validate", "/mutate"):
+        answer = client.post(path, json=review(ack_sample_pod())).json()["response"]
+        assert answer == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
+
+
+def test_a_pod_naming_ack_co_scheduler_that_breaks_a_rule_is_refused_with_the_rule(webhook):
+    client, _ = webhook
+    bad = named(pod_json(pod("core-33", mem=2, core=33)), "ack-co-scheduler")
+    answer = client.post("/validate", json=review(bad)).json()["response"]
+    assert answer["allowed"] is False and "warnings" not in answer
+    assert "default/core-33" in answer["status"]["message"]
+    assert "[core-multiple-of-5]" in answer["status"]["message"]
+
+
+UNSERVED = (
+    'schedulerName "nobody-scheduler" is not gpushare\'s (gpushare-scheduler, '
+    "ack-co-scheduler); Pending unless such a scheduler runs"
+)
+
+
+def test_a_gpu_pod_naming_a_scheduler_nobody_serves_is_admitted_with_a_warning(webhook):
+    client, _ = webhook
+    for gpu_pod in (
+        pod("p", mem=2),
+        pod("init", init_containers=[container("setup", mem=1)], containers=[{"name": "c"}]),
+    ):
+        p = named(pod_json(gpu_pod), "nobody-scheduler")
+        answer = client.post("/validate", json=review(p)).json()["response"]
+        assert answer["allowed"] is True
+        assert answer["warnings"] == [UNSERVED]
+        assert len(UNSERVED) < 130  # the API asks for 120 where possible, cuts past 256
+        mutated = client.post("/mutate", json=review(p)).json()["response"]
+        assert "patch" not in mutated and mutated["allowed"]  # their choice is kept
+
+
+def test_a_refused_pod_naming_a_scheduler_nobody_serves_gets_the_warning_too(webhook):
+    client, _ = webhook
+    bad = named(pod_json(pod("core-33", mem=2, core=33)), "nobody-scheduler")
+    answer = client.post("/validate", json=review(bad)).json()["response"]
+    assert answer["allowed"] is False and "[core-multiple-of-5]" in answer["status"]["message"]
+    assert answer["warnings"] == [UNSERVED]
+
+
+def test_pods_without_gpus_and_default_scheduler_pods_get_no_warning(webhook):
+    client, _ = webhook
+    plain = named(pod_json(pod("web", containers=[{"name": "c"}])), "nobody-scheduler")
+    for obj in (
+        plain,
+        pod_json(pod("p", mem=2)),
+        named(pod_json(pod("p", mem=2)), "default-scheduler"),
+    ):
+        answer = client.post("/validate", json=review(obj)).json()["response"]
+        assert answer == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
+
+
+def test_the_webhook_writes_the_main_name_and_accepts_every_configured_one():
+    config = ExtenderConfig(
+        scheduler_name="gpu-main", extra_scheduler_names=("ack-co-scheduler", "team.gpu")
+    )
+    extender = ExtenderService(MemoryCluster(), config).extender
+    default = json.loads(extender.mutate(json.dumps(review(pod_json(pod("p", mem=2)))).encode()))
+    patch = json.loads(base64.b64decode(default["response"]["patch"]))
+    assert patch == [{"op": "add", "path": "/spec/schedulerName", "value": "gpu-main"}]
+    for name in ("gpu-main", "ack-co-scheduler", "team.gpu"):
+        p = named(pod_json(pod("p", mem=2)), name)
+        answer = json.loads(extender.validate(json.dumps(review(p)).encode()))["response"]
+        assert answer == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
+    # gpushare-scheduler is served only when configured.
+    p = named(pod_json(pod("p", mem=2)), "gpushare-scheduler")
+    answer = json.loads(extender.validate(json.dumps(review(p)).encode()))["response"]
+    assert answer["warnings"] == [
+        'schedulerName "gpushare-scheduler" is not gpushare\'s (gpu-main, ack-co-scheduler, '
+        "team.gpu); Pending unless such a scheduler runs"
+    ]

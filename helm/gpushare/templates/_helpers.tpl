@@ -56,6 +56,17 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-webhook-tls" (include "gpushare.fullname" .) }}
 {{- end }}
 
+{{/* The further schedulerNames the scheduler serves, comma separated (none when
+absent, as in releases upgraded with --reuse-values from older charts). The schema
+checks each name; only here can one be compared with scheduler.name. */}}
+{{- define "gpushare.extraSchedulerNames" -}}
+{{- $names := .Values.scheduler.extraSchedulerNames | default list -}}
+{{- if has .Values.scheduler.name $names }}
+{{- fail (printf "scheduler.extraSchedulerNames: %s is scheduler.name already (each name is one profile of kube-scheduler)" .Values.scheduler.name) }}
+{{- end }}
+{{- join "," $names }}
+{{- end }}
+
 {{- define "gpushare.leaseNamespace" -}}
 {{- default .Release.Namespace .Values.scheduler.leaderElection.resourceNamespace }}
 {{- end }}

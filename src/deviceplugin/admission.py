@@ -13,18 +13,20 @@ was answered; the annotation survives a plugin restart, the set covers the
 moments before our own patch comes back through the watch.
 
 The kubelet learns of a pod from its own watch and may ask before ours has
-delivered it, so a call that matches nothing waits a moment for the queue to
-change before it is refused.
+delivered it, so a call that matches nothing waits, until its deadline, for the
+queue to change (it wakes on every change) before it is refused. A call that
+ended meanwhile (the kubelet restarted, our server stopped) takes nothing: its
+answer would go nowhere and the container would wait in vain for another.
 """
 
 import bisect
 import threading
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
 
+from deviceplugin.deadline import Deadline
 from gpushare import annotation
 from gpushare.allocation import ContainerAllocation, PodAllocation
 from gpushare.errors import AnnotationError
@@ -35,6 +37,10 @@ from gpushare.resources import MANAGED_RESOURCES
 _EPOCH = datetime.fromtimestamp(0, tz=UTC)
 _LISTED = 8
 """Waiting containers named in an error message before `and N more`."""
+_LOCK_GRACE = 0.5
+"""Seconds a call whose deadline has passed still waits for the lock: it may have
+been spent already (see Allocator._deadline), and the watch holds the lock only
+for moments."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +69,20 @@ class Match:
 
 
 class NoMatch(LookupError):
-    """No waiting container fits the call; the message says what was asked and
-    what was waiting."""
+    """No waiting container fits the call; the message says what was asked, how
+    long it waited and what was waiting."""
+
+
+class CallEnded(Exception):
+    """The call ended while it waited; no container was taken for it."""
+
+
+class QueueBusy(TimeoutError):
+    """The pod list stayed locked until the call's deadline."""
+
+
+def _always() -> bool:
+    return True
 
 
 @dataclass(frozen=True, eq=False)
@@ -164,11 +182,20 @@ class AdmissionQueue:
 
     # ----- read by Allocate and GetPreferredAllocation
 
-    def peek(self, resource: str, count: int, wait: float = 0.0) -> WaitingContainer | None:
+    def peek(
+        self,
+        resource: str,
+        count: int,
+        deadline: Deadline | None = None,
+        active: Callable[[], bool] = _always,
+    ) -> WaitingContainer | None:
         """The container the next call of `count` IDs of `resource` will go to,
-        waiting up to `wait` seconds for one to arrive."""
-        with self._lock:
-            return self._first_within(resource, count, wait)
+        waiting until `deadline` for one to arrive (None: no wait) while `active()`."""
+        self._acquire(deadline)
+        try:
+            return self._first_within(resource, count, deadline, active)
+        finally:
+            self._lock.release()
 
     def take(
         self,
@@ -176,27 +203,34 @@ class AdmissionQueue:
         count: int,
         advertised: Iterable[str],
         answered: tuple[str, str] | None = None,
-        wait: float = 0.0,
+        deadline: Deadline | None = None,
+        active: Callable[[], bool] = _always,
     ) -> Match:
         """Matches a call and marks the container answered for `resource`.
 
-        Waits up to `wait` seconds for a matching container to arrive. Failing
+        Waits until `deadline` for a matching container to arrive. Failing
         that, `answered` (pod UID, container) names the container a call with the
         very same device IDs was answered for: when it is still bound here, the
         kubelet is asking again (after a node reboot) and gets the same answer.
+        `active()` false (the call ended) stops the wait and takes nothing.
         """
-        with self._lock:
-            waiting = self._first_within(resource, count, wait)
+        self._acquire(deadline)
+        try:
+            waiting = self._first_within(resource, count, deadline, active)
             reallocation = False
             if waiting is None and answered is not None:
                 waiting = self._container(answered, resource, count)
                 reallocation = True
+            if not active():
+                raise CallEnded(f"the call for {count} {resource} ended before it was answered")
             if waiting is None:
-                raise NoMatch(self._no_match(resource, count))
+                raise NoMatch(self._no_match(resource, count, deadline))
             served = self._served.setdefault(waiting.key, set())
             served.add(resource)
             complete = set(waiting.requests) & set(advertised) <= served
             return Match(waiting, complete, reallocation)
+        finally:
+            self._lock.release()
 
     def mark_served(self, uid: str, container: str, resources: Iterable[str]) -> None:
         with self._lock:
@@ -225,7 +259,18 @@ class AdmissionQueue:
         with self._lock:
             return [w for b in self._open for w in b.containers if self._waits(w, resource)]
 
-    # ----- internals (called with the lock held)
+    # ----- internals (called with the lock held, but _acquire)
+
+    def _acquire(self, deadline: Deadline | None) -> None:
+        """Takes the lock, giving up at `deadline`: the watch thread holds it only
+        to apply a change, but a call must not outwait its deadline for it."""
+        if deadline is None:
+            self._lock.acquire()
+        elif not self._lock.acquire(timeout=max(deadline.remaining(), _LOCK_GRACE)):
+            raise QueueBusy(
+                f"the list of pods bound to node {self.node_name} stayed locked until its "
+                f"deadline ({deadline.budget:g} s)"
+            )
 
     def _drop(self, uid: str) -> _BoundPod | None:
         bound = self._pods.pop(uid, None)
@@ -255,14 +300,19 @@ class AdmissionQueue:
                 containers.append(WaitingContainer(pod, allocation, container, requests))
         return _BoundPod(pod, allocation, tuple(containers), raw)
 
-    def _first_within(self, resource: str, count: int, wait: float) -> WaitingContainer | None:
-        deadline = time.monotonic() + wait
+    def _first_within(
+        self,
+        resource: str,
+        count: int,
+        deadline: Deadline | None,
+        active: Callable[[], bool],
+    ) -> WaitingContainer | None:
         while True:
             found = self._first(resource, count)
-            remaining = deadline - time.monotonic()
-            if found is not None or remaining <= 0:
+            remaining = deadline.remaining() if deadline is not None else 0.0
+            if found is not None or remaining <= 0 or not active():
                 return found
-            self._changed.wait(remaining)
+            self._changed.wait(remaining)  # every change of the queue wakes it
 
     def _waits(self, waiting: WaitingContainer, resource: str) -> bool:
         return _waits(waiting, resource, self._served)
@@ -291,20 +341,25 @@ class AdmissionQueue:
                 return waiting
         return None
 
-    def _no_match(self, resource: str, count: int) -> str:
+    def _no_match(self, resource: str, count: int, deadline: Deadline | None) -> str:
         waiting = [w for b in self._open for w in b.containers if self._waits(w, resource)]
         asked = f"Allocate asked for {count} {resource} on node {self.node_name}"
+        waited = (
+            f" (waited {deadline.budget:g} s for the API watch to show one)"
+            if deadline is not None and deadline.budget > 0
+            else ""
+        )
         if waiting:
             named = ", ".join(w.describe(resource) for w in waiting[:_LISTED])
             more = f" and {len(waiting) - _LISTED} more" if len(waiting) > _LISTED else ""
             text = (
-                f"{asked}, but no waiting container asks for {count}; waiting for "
+                f"{asked}, but no waiting container asks for {count}{waited}; waiting for "
                 f"{resource}: {named}{more}"
             )
         else:
             text = (
-                f"{asked}, but no container bound to this node waits for {resource}; pods "
-                f"get shared GPUs only when the gpushare scheduler extender placed them "
+                f"{asked}, but no container bound to this node waits for {resource}{waited}; "
+                f"pods get shared GPUs only when the gpushare scheduler extender placed them "
                 f"(schedulerName gpushare-scheduler, annotation {annotation.ALLOCATION})"
             )
         if self._unreadable:

@@ -1,11 +1,18 @@
 """List-then-watch through the cluster port, on a thread, relisting whenever the
-watch ends or expires (410 Gone), so the handler always holds the full picture."""
+watch ends or expires (410 Gone), so the handler always holds the full picture.
+
+A failing list or watch is retried with backoff, for as long as the plugin runs;
+meanwhile `trouble()` says since when and why, so an Allocate refused for a pod
+it could not see says that the watch is down.
+"""
 
 import logging
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Final, Generic, TypeVar
 
+from deviceplugin.worker import start_daemon
 from gpushare.cluster import Expired, Listing, Watch, WatchEvent
 from gpushare.objects import Node, Pod
 
@@ -13,7 +20,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T", Node, Pod)
 
-RETRY: Final = 1.0
+RETRY: Final = 0.5
+RETRY_MAX: Final = 10.0
+"""Seconds between retries: doubling from RETRY after each failure in a row, up to
+RETRY_MAX, so a recovered API server is followed again within seconds."""
 
 
 class Informer(Generic[T]):
@@ -32,13 +42,15 @@ class Informer(Generic[T]):
         self._on_event = on_event
         self._lock = threading.Lock()
         self._watch: Watch[T] | None = None
+        self._trouble: str | None = None
+        self._delivered = False
+        """The current watch delivered an event: a failure after that starts a new count."""
         self._stopped = threading.Event()
         self._synced = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
+        self._thread = start_daemon(self.name, self._run)
 
     def stop(self) -> None:
         self._stopped.set()
@@ -52,18 +64,42 @@ class Informer(Generic[T]):
         """True once the first list was handed over."""
         return self._synced.wait(timeout)
 
+    def trouble(self) -> str | None:
+        """Why the handler's picture may be stale; None while the watch is followed."""
+        if self._thread is not None and not self._thread.is_alive() and not self._stopped.is_set():
+            return f"{self.name} has stopped (see the log)"
+        with self._lock:
+            return self._trouble
+
     def _run(self) -> None:
+        failures = 0
+        failing_since = ""
         while not self._stopped.is_set():
+            self._delivered = False
             try:
                 listing = self._list()
                 self._on_list(listing.items)
                 self._synced.set()
+                self._set_trouble(None)
                 self._follow(listing.resource_version)
+                failures = 0  # the server ended the watch, as it does every few minutes
             except Expired:
                 log.info("%s: watch expired; listing again", self.name)
-            except Exception:
-                log.exception("%s: list or watch failed; retrying in %.0fs", self.name, RETRY)
-                self._stopped.wait(RETRY)
+            except Exception as err:
+                if self._stopped.is_set():
+                    return  # stop() closed the watch under it
+                failures = 1 if self._delivered else failures + 1
+                if failures == 1:
+                    failing_since = datetime.now(UTC).strftime("%H:%M:%S UTC")
+                self._set_trouble(f"{self.name} failing since {failing_since}: {err}")
+                delay = min(RETRY_MAX, RETRY * 2 ** (failures - 1))
+                log.exception(
+                    "%s: list or watch failed (%d in a row); retrying in %.1fs",
+                    self.name,
+                    failures,
+                    delay,
+                )
+                self._stopped.wait(delay)
 
     def _follow(self, resource_version: str) -> None:
         watch = self._watch_from(resource_version)
@@ -75,3 +111,8 @@ class Informer(Generic[T]):
             if self._stopped.is_set():
                 break
             self._on_event(event)
+            self._delivered = True
+
+    def _set_trouble(self, trouble: str | None) -> None:
+        with self._lock:
+            self._trouble = trouble

@@ -113,15 +113,19 @@ class GrantJournal:
                 self._file = None
 
     def keep_pods(self, uids: Collection[str]) -> None:
-        """Forgets the answers of pods that are gone."""
+        """Forgets the answers of pods that are gone. The file is rewritten without
+        holding the lock Allocate reads answers under: a slow disk must not hold a
+        call up."""
         live = set(uids)
-        with self._file_lock, self._lock:
-            kept = {k: v for k, v in self._answered.items() if v[0] in live}
-            if len(kept) == len(self._answered):
-                return
-            self._answered = kept
-            self._unwritten.clear()  # the rewrite holds every answer kept
-            self._rewrite()
+        with self._file_lock:
+            with self._lock:
+                kept = {k: v for k, v in self._answered.items() if v[0] in live}
+                if len(kept) == len(self._answered):
+                    return
+                self._answered = kept
+                self._unwritten.clear()  # the rewrite holds every answer kept
+                text = "".join(_line(call, *owner) for call, owner in kept.items())
+            self._rewrite(text)
 
     def _load(self) -> dict[CallKey, tuple[str, str]]:
         if self._path is None or not self._path.exists():
@@ -147,10 +151,9 @@ class GrantJournal:
         except OSError as err:
             log.warning("cannot record the answer in %s: %s", self._path, err)
 
-    def _rewrite(self) -> None:
+    def _rewrite(self, text: str) -> None:
         if self._path is None:
             return
-        text = "".join(_line(call, *owner) for call, owner in self._answered.items())
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
+from deviceplugin.deadline import ANSWER_WITHIN_S
 from deviceplugin.gpus import GpuBackend
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.mock import MockBackend
@@ -75,6 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="the kubelet's PodResources socket, read to confirm allocations",
     )
     parser.add_argument(
+        "--allocate-timeout",
+        type=float,
+        metavar="SECONDS",
+        default=ANSWER_WITHIN_S,
+        help="the kubelet's GetPreferredAllocation and Allocate have no deadline, and it "
+        "admits one pod at a time: each call is answered within this many seconds. An "
+        "Allocate whose pod the API watch has not shown by then is refused (the pod fails "
+        "with UnexpectedAdmissionError and its controller makes another)",
+    )
+    parser.add_argument(
         "--kubeconfig",
         default=env.get("KUBECONFIG", ""),
         help="kubeconfig file; empty means in-cluster credentials (env KUBECONFIG)",
@@ -110,11 +121,14 @@ def build_backend(args: argparse.Namespace) -> GpuBackend:
 def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> int:
     """Runs the plugin until `stop` is set; 1 when the GPUs cannot be read."""
     try:
+        if not args.allocate_timeout > 0:
+            raise ValueError(f"--allocate-timeout must be above 0, got {args.allocate_timeout:g}")
         backend = build_backend(args)
         config = PluginConfig(
             node_name=args.node_name,
             plugin_dir=args.device_plugin_dir,
             pod_resources_socket=args.pod_resources_socket,
+            answer_within=args.allocate_timeout,
         )
         metrics = PluginMetrics(args.node_name)
         plugin = DevicePlugin(config, backend, cluster, metrics)

@@ -33,8 +33,15 @@ class PluginMetrics:
         )
         self._failures = Counter(
             f"{PREFIX}_allocation_failures",
-            "Allocate calls refused, per resource and reason (no-match, no-devices)",
+            "Allocate calls refused, per resource and reason (no-match, no-devices, timeout)",
             ["node", "resource", "reason"],
+            registry=self.registry,
+        )
+        self._timeouts = Counter(
+            f"{PREFIX}_answer_timeouts",
+            "GetPreferredAllocation and Allocate calls that reached their deadline "
+            "(--allocate-timeout) unmatched: refused, or answered without a preference",
+            ["node", "call", "resource"],
             registry=self.registry,
         )
         self._match_latency = Histogram(
@@ -70,6 +77,9 @@ class PluginMetrics:
     def refused(self, resource: str, reason: str) -> None:
         self._allocate.labels(self.node, resource, "error").inc()
         self._failures.labels(self.node, resource, reason).inc()
+
+    def timed_out(self, call: str, resource: str) -> None:
+        self._timeouts.labels(self.node, call, resource).inc()
 
     def registered(self, resource: str, registered: bool) -> None:
         self._registered.labels(self.node, resource).set(1 if registered else 0)

@@ -20,6 +20,7 @@ from typing import Final
 from deviceplugin.admission import AdmissionQueue
 from deviceplugin.allocator import Allocator
 from deviceplugin.assignment import AssignmentWriter
+from deviceplugin.deadline import ANSWER_WITHIN_S
 from deviceplugin.feed import DeviceFeed
 from deviceplugin.gpus import GpuBackend, HealthChange
 from deviceplugin.informer import Informer
@@ -29,6 +30,7 @@ from deviceplugin.node import LocalNode, NodeChange, NodeSnapshot
 from deviceplugin.publisher import InventoryPublisher
 from deviceplugin.reconcile import Reconciler
 from deviceplugin.registration import Registrar
+from deviceplugin.worker import start_daemon
 from gpushare.cluster import Cluster, EventType, Listing, WatchEvent
 from gpushare.objects import Node, Pod
 from gpushare.resources import MANAGED_RESOURCES
@@ -50,8 +52,9 @@ class PluginConfig:
     """Seconds between checks for a kubelet restart (re-registration within a second)."""
     reconcile_delay: float = 2.0
     reconcile_interval: float = 60.0
-    match_wait: float = 3.0
-    """Seconds a call that matches nothing waits for the pod watch to catch up."""
+    answer_within: float = ANSWER_WITHIN_S
+    """Seconds within which GetPreferredAllocation and Allocate are answered; a
+    call that matches nothing waits that long for the pod watch to catch up."""
 
 
 class DevicePlugin:
@@ -95,7 +98,8 @@ class DevicePlugin:
             self.journal,
             self.metrics,
             on_granted=self.reconciler.poke if self.reconciler else lambda: None,
-            match_wait=config.match_wait,
+            answer_within=config.answer_within,
+            watch_trouble=self.watch_trouble,
         )
         self.registrar = Registrar(
             config.plugin_dir,
@@ -129,12 +133,10 @@ class DevicePlugin:
         self.inventory.start()
         self.inventory.publish(snapshot.inventory)
         self.assignments.start()
+        self.allocator.follow_ups.start()
         self._node_informer.start()
         self._pod_informer.start()
-        self._health_thread = threading.Thread(
-            target=self._watch_health, name="gpu-health", daemon=True
-        )
-        self._health_thread.start()
+        self._health_thread = start_daemon("gpu-health", self._watch_health)
         self.registrar.start()
         if self.reconciler is not None:
             self.reconciler.start()
@@ -142,6 +144,7 @@ class DevicePlugin:
     def stop(self) -> None:
         self._stopped.set()
         self.registrar.stop()
+        self.allocator.follow_ups.stop()
         if self.reconciler is not None:
             self.reconciler.stop()
         self._pod_informer.stop()
@@ -156,13 +159,19 @@ class DevicePlugin:
         """True once the node and its pods were listed."""
         return self._node_informer.wait_synced(timeout) and self._pod_informer.wait_synced(timeout)
 
+    def watch_trouble(self) -> str | None:
+        """Why the plugin's list of the node's pods may be stale (the pod watch is
+        failing, or its thread died); None while the watch is followed."""
+        return self._pod_informer.trouble()
+
     def summary(self) -> str:
         gpus = self.node.snapshot().inventory
         layout = ", ".join(f"{g.index}:{g.model} {g.mem}GiB" for g in gpus) or "none"
         return (
             f"node={self.config.node_name} backend={self.backend.name} gpus=[{layout}] "
             f"device-plugin-dir={self.config.plugin_dir} "
-            f"pod-resources-socket={self.config.pod_resources_socket or 'off'}"
+            f"pod-resources-socket={self.config.pod_resources_socket or 'off'} "
+            f"allocate-timeout={self.config.answer_within:g}s"
         )
 
     # ----- reactions

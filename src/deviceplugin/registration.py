@@ -27,6 +27,7 @@ from deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grp
 from deviceplugin.feed import DeviceFeed
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.server import OPTIONS, ResourceServer
+from deviceplugin.worker import start_daemon
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
 
 log = logging.getLogger(__name__)
@@ -109,8 +110,7 @@ class Registrar:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="registrar", daemon=True)
-        self._thread.start()
+        self._thread = start_daemon("registrar", self._run)
 
     def stop(self) -> None:
         """Stops the servers without withdrawing: a restarting plugin keeps the

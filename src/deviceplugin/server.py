@@ -4,6 +4,11 @@ ListAndWatch sends the full device list at once and again on every change,
 and ends only when the server stops (the kubelet treats an ended stream as a
 failure, A.8). GetPreferredAllocation never fails (an error would fail the
 pod's admission, F.10): without an opinion it answers an empty list.
+
+Every call is answered: GetPreferredAllocation and Allocate within their
+deadline (deadline.py), a call beyond the handler threads at once with
+RESOURCE_EXHAUSTED rather than queued behind them, and what follows an answer
+runs off gRPC's polling thread (allocator.FollowUps).
 """
 
 import logging
@@ -12,12 +17,13 @@ import stat
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Final
 
 import grpc
 
-from deviceplugin.allocator import AllocationRefused, Allocator
+from deviceplugin.allocator import AllocationRefused, Allocator, AnswerTimeout
 from deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplugin.collector import ADMISSION_CALLS
@@ -27,6 +33,8 @@ log = logging.getLogger(__name__)
 
 _STREAM_POLL: Final = 0.5
 _WORKERS: Final = 8
+_STOP_WAIT: Final = 5.0
+"""Seconds to wait for the gRPC server to stop before going on without it."""
 
 OPTIONS: Final = pb.DevicePluginOptions(
     pre_start_required=False, get_preferred_allocation_available=True
@@ -54,7 +62,10 @@ class ResourceServer:
 
     def start(self) -> None:
         self.socket_path.unlink(missing_ok=True)
-        server = grpc.server(ThreadPoolExecutor(_WORKERS, thread_name_prefix=self.endpoint))
+        server = grpc.server(
+            ThreadPoolExecutor(_WORKERS, thread_name_prefix=self.endpoint),
+            maximum_concurrent_rpcs=_WORKERS,
+        )
         pb_grpc.add_DevicePluginServicer_to_server(_Service(self), server)
         server.add_insecure_port(f"unix://{self.socket_path}")
         server.start()
@@ -64,8 +75,12 @@ class ResourceServer:
     def stop(self, grace: float = 1.0) -> None:
         self._stopped.set()
         self._feed.wake()
-        if self._server is not None:
-            self._server.stop(grace).wait()
+        if self._server is not None and not self._server.stop(grace).wait(_STOP_WAIT):
+            log.error(
+                "the gRPC server of %s did not stop within %.0fs; going on without it",
+                self.resource,
+                _STOP_WAIT,
+            )
         if self.intact():
             self.socket_path.unlink(missing_ok=True)
 
@@ -120,7 +135,7 @@ class _Service(pb_grpc.DevicePluginServicer):
         responses = []
         for container in request.container_requests:
             try:
-                ids = self._server.allocator.preferred(self._resource, container)
+                ids = self._server.allocator.preferred(self._resource, container, context.is_active)
             except Exception:
                 log.exception("GetPreferredAllocation for %s failed; no preference", self._resource)
                 ids = []
@@ -131,22 +146,24 @@ class _Service(pb_grpc.DevicePluginServicer):
         self, request: pb.AllocateRequest, context: grpc.ServicerContext
     ) -> pb.AllocateResponse:
         ADMISSION_CALLS.during(context)
+        allocator = self._server.allocator
         responses = []
 
         def after_answer(step: Callable[[], None]) -> None:
-            if not context.add_callback(step):
-                step()  # the call has already ended
+            hand_over = partial(allocator.follow_ups.put, step)
+            if not context.add_callback(hand_over):
+                hand_over()  # the call has already ended
 
         for container in request.container_requests:
             try:
                 responses.append(
-                    self._server.allocator.allocate(
-                        self._resource, list(container.devices_ids), after_answer
+                    allocator.allocate(
+                        self._resource, list(container.devices_ids), after_answer, context.is_active
                     )
                 )
             except AllocationRefused as refused:
                 log.warning("Allocate refused: %s", refused)
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(refused))
+                context.abort(_status(refused), str(refused))
             except Exception as err:
                 log.exception("Allocate for %s failed", self._resource)
                 context.abort(grpc.StatusCode.INTERNAL, f"Allocate for {self._resource}: {err}")
@@ -156,3 +173,9 @@ class _Service(pb_grpc.DevicePluginServicer):
         self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
     ) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()
+
+
+def _status(refused: AllocationRefused) -> grpc.StatusCode:
+    if isinstance(refused, AnswerTimeout):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return grpc.StatusCode.FAILED_PRECONDITION

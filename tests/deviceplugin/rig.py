@@ -38,12 +38,15 @@ class Rig:
         labels: Mapping[str, str] | None = None,
         pod_resources: bool = True,
         backend_type: type[MockBackend] = MockBackend,
+        cluster_type: type[MemoryCluster] = MemoryCluster,
+        answer_within: float = 0.3,
     ) -> None:
         self.node = node
         self.backend_type = backend_type
         self.layout = layout
         self.workdir = workdir
-        self.cluster = MemoryCluster()
+        self.answer_within = answer_within
+        self.cluster = cluster_type()
         self.cluster.add_node(gpu_node(node, parse_layout(layout, node), mode=mode, labels=labels))
         self.kubelet = KubeletStandIn(
             workdir / "dp", workdir / "pr.sock" if pod_resources else None
@@ -70,7 +73,7 @@ class Rig:
             self.kubelet.pod_resources_socket,
             reconcile_delay=reconcile_delay,
             reconcile_interval=3600,
-            match_wait=0.3,
+            answer_within=self.answer_within,
         )
         return DevicePlugin(config, backend, self.cluster)
 

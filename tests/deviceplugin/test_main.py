@@ -29,6 +29,7 @@ FLAGS = (
     "--kubeconfig",
     "--metrics-port",
     "--log-level",
+    "--allocate-timeout",
 )
 
 FAKE_KUBECLUSTER = """
@@ -91,9 +92,10 @@ def test_a_missing_node_name_is_refused_naming_the_flag(monkeypatch, capsys):
     [
         (["--backend", "mock"], "--backend mock needs --mock-gpus"),
         (["--backend", "mock", "--mock-gpus", "two big ones"], "COUNTxSIZEGiB"),
+        (["--allocate-timeout", "0"], "--allocate-timeout must be above 0, got 0"),
     ],
 )
-def test_unusable_mock_settings_stop_the_start_with_a_reason(argv, reason, short_tmp, caplog):
+def test_unusable_settings_stop_the_start_with_a_reason(argv, reason, short_tmp, caplog):
     args = build_parser().parse_args(["--node-name", "n1", *argv])
     with caplog.at_level(logging.ERROR):
         assert run(args, MemoryCluster(), threading.Event()) == 1
@@ -175,6 +177,7 @@ def test_run_logs_its_configuration_and_serves_metrics(short_tmp, caplog):
     [summary] = [r.message for r in caplog.records if "starting:" in r.message]
     assert "node=n1 backend=mock gpus=[0:Mock-GPU 16GiB, 1:Mock-GPU 16GiB]" in summary
     assert f"metrics-port={port}" in summary
+    assert "allocate-timeout=10s" in summary
     for name in (
         "gpushare_device_plugin_allocate_total",
         "gpushare_device_plugin_allocation_failures_total",

@@ -241,6 +241,8 @@ class LocalCluster(KubectlTarget):
     extender: HostProcess | None = None
     plugin: HostProcess | None = None
     agent: HostProcess | None = None
+    scheduler: HostProcess | None = None
+    """Set once a test replaced the kube-scheduler that up.sh started."""
     rendered: list[dict[str, Any]] = field(default_factory=list)
     ca_pem: bytes = b""
     timings: dict[str, float] = field(default_factory=dict)
@@ -299,13 +301,52 @@ class LocalCluster(KubectlTarget):
         self.timings["gpushare up"] = time.monotonic() - started
 
     def down(self) -> None:
-        for process in (self.agent, self.plugin, self.extender):
+        for process in (self.agent, self.plugin, self.extender, self.scheduler):
             if process is not None:
                 process.stop()
         self.script("down.sh", timeout=180)
 
     def restart_kubelet(self) -> None:
         self.script("restart-kubelet.sh", timeout=180)
+
+    def scheduler_alive(self) -> bool:
+        if self.scheduler is not None:
+            return self.scheduler.alive
+        return self._recorded_alive("scheduler")
+
+    def kill_scheduler(self) -> None:
+        """SIGKILL, as a crashed node would: the Lease is not released."""
+        if self.scheduler is not None:
+            self.scheduler.stop(signal.SIGKILL)
+        elif self._recorded_alive("scheduler"):
+            os.kill(int((self.state / "scheduler.pid").read_text()), signal.SIGKILL)
+
+    def start_scheduler(self) -> None:
+        """kube-scheduler again, as up.sh starts it (its log appended to the same file)."""
+        assert self.bins is not None
+        self.scheduler = HostProcess(
+            "kube-scheduler",
+            [str(self.scripts / "start-scheduler.sh")],
+            self.logs / "scheduler.log",
+            env={"K": str(self.state), "BIN": str(self.bins.directory)},
+        ).start()
+
+    def scheduler_log(self) -> str:
+        """The log of the kube-scheduler that start_scheduler started last."""
+        assert self.scheduler is not None, "the harness's own kube-scheduler was not restarted"
+        return self.scheduler.text().rsplit("=== start ", 1)[-1]
+
+    def _recorded_alive(self, name: str) -> bool:
+        """Whether the process up.sh recorded in NAME.pid still runs (PID and start time)."""
+        try:
+            pid = int((self.state / f"{name}.pid").read_text())
+            recorded = (self.state / f"{name}.pid.start").read_text().strip()
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except (OSError, ValueError):
+            return False
+        fields = stat.rsplit(") ", 1)[1].split()
+        # A killed process whose parent has not reaped it yet is a zombie: dead.
+        return fields[0] != "Z" and fields[19] == recorded
 
     def namespace_holder(self) -> str:
         return (self.state / "ns-holder.pid").read_text().strip()

@@ -204,3 +204,18 @@ def test_cgpu_smi_shows_each_running_container_with_its_limits(local: LocalClust
     shown = wait_for("the agent to show the three containers", listed, timeout=90, every=1)
     for name in names:
         assert shown[name]["memory_allocated_bytes"] == 2 * 1024**3, shown[name]
+
+
+ACK_SAMPLES = sorted((Path(__file__).parent / "ack").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", ACK_SAMPLES, ids=lambda p: p.stem)
+def test_acks_documented_samples_run_unchanged(local: LocalCluster, path: Path):
+    """A cluster moves from ACK without rewriting a pod: the samples of ACK's
+    documentation, including `schedulerName: ack-co-scheduler`, run as written."""
+    [original] = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    local.apply(local_manifests(path))
+    [running] = local.wait_running(WORKLOAD_LABEL, 1, timeout=60)
+    wanted = original["spec"]["template"]["spec"].get("schedulerName", "gpushare-scheduler")
+    assert running["spec"]["schedulerName"] == wanted
+    assert assert_env_matches_annotation(local, [running]) == 1

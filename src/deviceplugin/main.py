@@ -23,6 +23,7 @@ from deviceplugin.metrics import PluginMetrics
 from deviceplugin.mock import MockBackend
 from deviceplugin.plugin import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET, DevicePlugin, PluginConfig
 from gpushare.cluster import Cluster
+from gpushare.inventory import MemoryRounding
 
 log = logging.getLogger("deviceplugin")
 
@@ -62,6 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=Path(env.get("GPUSHARE_MOCK_HEALTH_FILE", str(MOCK_HEALTH_FILE))),
         help="mock backend: file listing the indices of GPUs to report Unhealthy, polled "
         "every second (env GPUSHARE_MOCK_HEALTH_FILE)",
+    )
+    parser.add_argument(
+        "--gpu-memory-rounding",
+        type=MemoryRounding,
+        choices=list(MemoryRounding),
+        default=env.get("GPUSHARE_GPU_MEMORY_ROUNDING", MemoryRounding.UP.value),
+        help="nvml backend: how a GPU's memory becomes whole GiB. up counts as ACK does (a "
+        "Tesla T4's 15,109 MiB is 15 GiB, an A10's 22,731 MiB 23), so the last slice of a "
+        "full GPU may hold up to 1 GiB less than it says; down never promises more than "
+        "the GPU has (T4 14, A10 22) (env GPUSHARE_GPU_MEMORY_ROUNDING)",
     )
     parser.add_argument(
         "--device-plugin-dir",
@@ -115,7 +126,7 @@ def build_backend(args: argparse.Namespace) -> GpuBackend:
         return MockBackend.from_layout(args.mock_gpus, args.node_name, args.mock_health_file)
     from deviceplugin.nvml import NvmlBackend
 
-    return NvmlBackend()
+    return NvmlBackend(memory_rounding=args.gpu_memory_rounding)
 
 
 def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> int:
@@ -136,8 +147,9 @@ def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> in
         log.error("gpushare-device-plugin cannot start: %s", err)
         return 1
     log.info(
-        "gpushare-device-plugin starting: %s metrics-port=%s log-level=%s",
+        "gpushare-device-plugin starting: %s gpu-memory-rounding=%s metrics-port=%s log-level=%s",
         plugin.summary(),
+        args.gpu_memory_rounding,
         args.metrics_port or "off",
         args.log_level,
     )

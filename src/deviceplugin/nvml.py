@@ -1,6 +1,7 @@
 """The NVML GPU backend: real GPUs through nvidia-ml-py (import pynvml).
 
-Discovery reads index, UUID, memory, model and minor number. Health follows the
+Discovery reads index, UUID, memory (in whole GiB by --gpu-memory-rounding, see
+gpushare.inventory.gpu_mem_gib), model and minor number. Health follows the
 driver's event set: a critical XID or a double-bit ECC error marks the GPU
 unhealthy (application XIDs are ignored, see health.py), and a GPU that stays
 quiet and passes a probe (reachable, memory readable, no retired pages or
@@ -18,8 +19,7 @@ import pynvml
 
 from deviceplugin.gpus import DeviceNode, HealthListener, PhysicalGpu
 from deviceplugin.health import DEFAULT_QUIET_PERIOD, XidHealth, is_critical_xid
-from gpushare.inventory import Gpu
-from gpushare.resources import GIB
+from gpushare.inventory import Gpu, MemoryRounding, gpu_mem_gib
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +40,14 @@ class NvmlBackend:
     name = "nvml"
 
     def __init__(
-        self, dev_root: Path = Path("/dev"), quiet_period: float = DEFAULT_QUIET_PERIOD
+        self,
+        dev_root: Path = Path("/dev"),
+        quiet_period: float = DEFAULT_QUIET_PERIOD,
+        memory_rounding: MemoryRounding = MemoryRounding.UP,
     ) -> None:
         self._dev_root = dev_root
         self._quiet_period = quiet_period
+        self.memory_rounding = memory_rounding
         self._init_lock = threading.Lock()
         self._initialised = False
 
@@ -56,7 +60,7 @@ class NvmlBackend:
             gpu = Gpu(
                 index=index,
                 uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                mem=int(memory.total) // GIB,
+                mem=gpu_mem_gib(int(memory.total), self.memory_rounding),
                 model=_text(pynvml.nvmlDeviceGetName(handle)),
             )
             found.append(PhysicalGpu(gpu, pynvml.nvmlDeviceGetMinorNumber(handle)))

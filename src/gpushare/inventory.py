@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Final
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
@@ -20,6 +21,32 @@ from gpushare.objects import Node
 from gpushare.resources import CORE_PER_GPU, DEFAULT_MAX_PODS_PER_GPU, GPU_COUNT, GPU_MEM
 
 NODE_GPUS_ANNOTATION: Final = "gpushare.io/gpus"
+
+_MIB: Final = 1 << 20
+
+
+class MemoryRounding(StrEnum):
+    """How a GPU's memory becomes whole GiB (`--gpu-memory-rounding`)."""
+
+    UP = "up"
+    DOWN = "down"
+
+
+def gpu_mem_gib(total_bytes: int, rounding: MemoryRounding = MemoryRounding.UP) -> int:
+    """The GiB a GPU counts as, from the total memory NVML reports in bytes.
+
+    Up (the default) is what ACK counts: its documentation shows a Tesla T4
+    (15,109 MiB) as 15 GiB (`ALIYUN_COM_GPU_MEM_DEV=15`, 60 on a node with four)
+    and an A10 (22,731 to 23,028 MiB) as 23 GiB; only rounding whole MiB up to
+    the next GiB gives both (rounding to nearest makes the A10 22). Whole MiB
+    first, as nvidia-smi shows them, so a few bytes over a GiB boundary do not
+    add one. Down is the open-source gpushare-device-plugin's `MiB / 1024`
+    (T4 14, A10 22), for clusters whose pods were sized for it.
+    """
+    mib = max(0, total_bytes) // _MIB
+    if rounding is MemoryRounding.DOWN:
+        return mib // 1024
+    return -(-mib // 1024)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,10 +22,10 @@ from types import FrameType
 
 from prometheus_client import start_http_server
 
-from gpushare.inventory import parse_layout
+from gpushare.inventory import MemoryRounding, parse_layout
 from isolation.agent import AgentConfig, IsolationAgent, MemoryAction
 from isolation.backends.mock import MockBackend, discovered_containers, mock_devices
-from isolation.backends.port import GIB, GpuBackend
+from isolation.backends.port import GpuBackend
 from isolation.backends.procfs import ProcessTable
 from isolation.clock import Clock, SystemClock
 from isolation.control import ControlTree
@@ -76,6 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LAYOUT",
         help="mock GPU layout such as 2x16GiB,1x80GiB (env GPUSHARE_MOCK_GPUS; needed with "
         "--backend mock)",
+    )
+    parser.add_argument(
+        "--gpu-memory-rounding",
+        type=MemoryRounding,
+        choices=list(MemoryRounding),
+        default=env.get("GPUSHARE_GPU_MEMORY_ROUNDING") or MemoryRounding.UP.value,
+        help="nvml backend: how a GPU's memory becomes whole GiB, as the device plugin's flag "
+        "of the same name (up: a Tesla T4 is 15 GiB, as on ACK; down: 14) (env "
+        "GPUSHARE_GPU_MEMORY_ROUNDING; default %(default)s)",
     )
     parser.add_argument(
         "--control-dir",
@@ -182,7 +191,12 @@ def build_backend(args: argparse.Namespace, clock: Clock) -> GpuBackend:
     from isolation.backends.nvml import NvmlBackend
 
     try:
-        return NvmlBackend(args.proc_root, args.cgroup_root, clock)
+        return NvmlBackend(
+            args.proc_root,
+            args.cgroup_root,
+            clock,
+            memory_rounding=args.gpu_memory_rounding,
+        )
     except Exception as err:  # pynvml raises NVMLError subclasses, or OSError without a driver
         raise RuntimeError(
             f"NVML is not available ({err}); run on a node with the NVIDIA driver, or use "
@@ -192,10 +206,11 @@ def build_backend(args: argparse.Namespace, clock: Clock) -> GpuBackend:
 
 def summary(args: argparse.Namespace, config: AgentConfig, backend: GpuBackend) -> str:
     devices = backend.devices()
-    gpus = ",".join(f"{d.index}:{d.mem_bytes // GIB}GiB" for d in devices) or "none"
+    gpus = ",".join(f"{d.index}:{d.mem_gib}GiB" for d in devices) or "none"
     policy = "auto" if config.default_policy is None else str(int(config.default_policy))
     return (
         f"{config.version} node={args.node_name} backend={backend.name} gpus={gpus} "
+        f"gpu-memory-rounding={args.gpu_memory_rounding} "
         f"control-dir={args.control_dir} proc-root={args.proc_root} "
         f"cgroup-root={args.cgroup_root} metrics-port={args.metrics_port or 'off'} "
         f"memory-action={config.memory_action} slice={round(config.slice_s * 1000)}ms "

@@ -127,6 +127,7 @@ def test_device_plugin_gets_the_contract_flags_and_the_kubelet_directories(defau
     assert flags(plugin) == {
         "--node-name": "$(NODE_NAME)",
         "--backend": "nvml",
+        "--gpu-memory-rounding": "up",
         "--log-level": "info",
         "--device-plugin-dir": "/var/lib/kubelet/device-plugins",
         "--pod-resources-socket": "/var/lib/kubelet/pod-resources/kubelet.sock",
@@ -152,6 +153,7 @@ def test_isolation_agent_sees_host_proc_cgroups_and_the_control_tree_but_no_api(
     assert flags(agent) == {
         "--node-name": "$(NODE_NAME)",
         "--backend": "nvml",
+        "--gpu-memory-rounding": "up",
         "--log-level": "info",
         "--control-dir": "/run/gpushare/cgpu",
         "--proc-root": "/host/proc",
@@ -193,6 +195,18 @@ def test_mock_backend_passes_the_layout_to_both_node_components():
         assert env["GPUSHARE_BACKEND"] == "mock"
         assert env["GPUSHARE_MOCK_GPUS"] == "2x16GiB,1x80GiB:A100"
         assert "NVIDIA_VISIBLE_DEVICES" not in env
+        assert "--gpu-memory-rounding" not in flags(c)
+
+
+@pytest.mark.parametrize(
+    ("rounding", "flag"),
+    [("down", "down"), (None, "up")],  # None: a release upgraded with --reuse-values
+)
+def test_memory_rounding_reaches_both_node_components(rounding, flag):
+    rendered = render({"gpu": {"memoryRounding": rounding}})
+    spec = rendered.one("DaemonSet")["spec"]["template"]["spec"]
+    for name in ("device-plugin", "isolation"):
+        assert flags(container(spec, name))["--gpu-memory-rounding"] == flag
 
 
 def test_without_the_agent_the_node_pod_has_no_host_access():
@@ -821,6 +835,7 @@ def test_dashboard_configmap_is_picked_up_by_grafana_and_uses_documented_metrics
         {"webhook": {"matchConditions": 1}},
         {"webhook": {"namespaceSelector": {"matchLabel": {"a": "b"}}}},
         {"gpu": {"mockGpus": "two big GPUs"}},
+        {"gpu": {"memoryRounding": "nearest"}},
         {"extender": {"weight": 0}},
         {"scheduler": {"leaderElection": {"resourceName": "kube-scheduler"}}},
         {"scheduler": {"name": "default-scheduler"}},
@@ -878,7 +893,7 @@ def test_notes_say_how_to_label_a_node_and_what_to_put_in_a_pod(default):
 CONTRACT_FLAGS = {
     "gpushare-device-plugin": (
         "deviceplugin.main",
-        {"--node-name", "--backend", "--mock-gpus", "--device-plugin-dir",
+        {"--node-name", "--backend", "--mock-gpus", "--gpu-memory-rounding", "--device-plugin-dir",
          "--pod-resources-socket", "--kubeconfig", "--metrics-port", "--log-level"},
     ),
     "gpushare-extender": (
@@ -889,8 +904,8 @@ CONTRACT_FLAGS = {
     ),
     "gpushare-isolation": (
         "isolation.main",
-        {"--node-name", "--backend", "--mock-gpus", "--control-dir", "--proc-root",
-         "--cgroup-root", "--metrics-port", "--memory-action", "--log-level"},
+        {"--node-name", "--backend", "--mock-gpus", "--gpu-memory-rounding", "--control-dir",
+         "--proc-root", "--cgroup-root", "--metrics-port", "--memory-action", "--log-level"},
     ),
 }  # fmt: skip
 

@@ -96,6 +96,8 @@ checks each name; only here can one be compared with scheduler.name. */}}
 - --backend={{ .Values.gpu.backend }}
 {{- if eq .Values.gpu.backend "mock" }}
 - --mock-gpus={{ .Values.gpu.mockGpus }}
+{{- else }}
+- --gpu-memory-rounding={{ .Values.gpu.memoryRounding | default "up" }}
 {{- end }}
 - --log-level={{ .Values.logLevel }}
 {{- end }}

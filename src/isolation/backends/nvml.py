@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpushare import environment
+from gpushare.inventory import MemoryRounding
 from isolation.backends.cgroupfs import FreezeMethod, Freezer
 from isolation.backends.port import GpuDevice, GpuProcess, Observation
 from isolation.backends.procfs import CgroupRef, ProcessTable
@@ -45,6 +46,7 @@ class NvmlBackend:
         clock: Clock,
         nvml: Any = None,
         send_signal: Callable[[int, int], None] = os.kill,
+        memory_rounding: MemoryRounding = MemoryRounding.UP,
     ) -> None:
         self._nvml = nvml if nvml is not None else importlib.import_module("pynvml")
         self._nvml.nvmlInit()
@@ -65,6 +67,7 @@ class NvmlBackend:
                 mem_bytes=int(self._nvml.nvmlDeviceGetMemoryInfo(h).total),
                 model=_text(self._nvml.nvmlDeviceGetName(h)),
                 major=major,
+                rounding=memory_rounding,
             )
             for i, h in enumerate(self._handles)
         )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from gpushare import environment
+from gpushare.inventory import MemoryRounding, gpu_mem_gib
 
 GIB: Final = 1 << 30
 NVIDIA_MAJOR: Final = 195
@@ -24,6 +25,13 @@ class GpuDevice:
     mem_bytes: int
     model: str = ""
     major: int = NVIDIA_MAJOR
+    rounding: MemoryRounding = MemoryRounding.UP
+    """How its memory becomes whole GiB; the device plugin's --gpu-memory-rounding."""
+
+    @property
+    def mem_gib(self) -> int:
+        """The GiB the node advertises for it (ALIYUN_COM_GPU_MEM_DEV)."""
+        return gpu_mem_gib(self.mem_bytes, self.rounding)
 
 
 @dataclass(frozen=True, slots=True)

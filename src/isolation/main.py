@@ -199,8 +199,8 @@ def build_backend(args: argparse.Namespace, clock: Clock) -> GpuBackend:
         )
     except Exception as err:  # pynvml raises NVMLError subclasses, or OSError without a driver
         raise RuntimeError(
-            f"NVML is not available ({err}); run on a node with the NVIDIA driver, or use "
-            "--backend mock --mock-gpus LAYOUT"
+            f"NVML is not available ({err}); run on a node with the NVIDIA driver and its "
+            "libraries mounted, or use --backend mock --mock-gpus LAYOUT"
         ) from None
 
 

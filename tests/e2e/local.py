@@ -461,9 +461,10 @@ class LocalCluster(KubectlTarget):
             every=0.2,
         )
 
-    def start_plugin(self) -> None:
-        """Starts the plugin and waits until it registered gpu-mem with the kubelet: the
-        node's allocatable may still show the previous process's devices."""
+    def start_plugin(self, expected_mem: int = sum(GPU_SIZES)) -> None:
+        """Starts the plugin and waits until it registered gpu-mem with the kubelet (the
+        node's allocatable may still show the previous process's devices), then until
+        the node advertises `expected_mem` GiB."""
         assert self.plugin is not None
         self.plugin.start()
         wait_for(
@@ -477,7 +478,7 @@ class LocalCluster(KubectlTarget):
         )
         wait_for(
             "aliyun.com/gpu-mem in the node's allocatable",
-            lambda: self.allocatable("aliyun.com/gpu-mem") == sum(GPU_SIZES),
+            lambda: self.allocatable("aliyun.com/gpu-mem") == expected_mem,
             timeout=60,
             every=0.5,
         )

@@ -1,0 +1,252 @@
+"""On a real cluster, the code every GPU node runs: the device plugin and the isolation
+agent with `--backend nvml`, over a fake libnvidia-ml.so.1 that the unmodified
+nvidia-ml-py loads (tests/fakenvml), and device nodes made with mknod for the test.
+
+The node's GPUs become a Tesla T4 (15,109 MiB) and an A10 (23,028 MiB) for this module;
+the mock GPUs come back afterwards.
+"""
+
+import json
+import os
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.checks import assert_env_matches_annotation, env_of
+from tests.e2e.kube import run, wait_for
+from tests.e2e.local import GPU_SIZES, NODE, HostProcess, LocalCluster
+from tests.e2e.workloads import BUSYBOX, WORKLOAD_LABEL, gpu_pod
+from tests.fakenvml import (
+    MIB,
+    Event,
+    FakeGpu,
+    FakeNvmlUnavailable,
+    FakeProcess,
+    World,
+    build_fake_nvml,
+    nvml_env,
+    write_world,
+)
+
+pytestmark = [pytest.mark.realcluster, pytest.mark.timeout(600)]
+
+NVIDIA_MAJOR = 195
+T4 = FakeGpu("GPU-7e5e0c5f-0000-4000-8000-00000000a0t4", "Tesla T4", 15_109 * MIB, minor=0)
+A10 = FakeGpu("GPU-7e5e0c5f-0000-4000-8000-0000000000a1", "NVIDIA A10", 23_028 * MIB, minor=1)
+DEVICES = {"nvidia0": 0, "nvidia1": 1, "nvidiactl": 255}
+
+
+@dataclass
+class NvmlNode:
+    world: World
+    path: Path
+
+    def write(self) -> None:
+        write_world(self.path, self.world)
+
+
+def _swap(local: LocalCluster, plugin: HostProcess, agent: HostProcess, mem: int) -> None:
+    assert local.plugin is not None and local.agent is not None
+    local.plugin.stop()
+    local.agent.stop()
+    local.plugin, local.agent = plugin, agent
+    local.agent.start()
+    local.start_plugin(expected_mem=mem)
+
+
+@pytest.fixture(scope="module")
+def nvml_node(local: LocalCluster) -> Iterator[NvmlNode]:
+    try:
+        library = build_fake_nvml(local.our_dir / "fakenvml")
+    except FakeNvmlUnavailable as err:
+        pytest.skip(str(err))
+    node = NvmlNode(World([T4, A10]), local.our_dir / "nvml-world")
+    node.write()
+    made = []
+    for name, minor in DEVICES.items():
+        path = Path("/dev") / name
+        if not path.exists():
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, minor))
+            made.append(path)
+    env = nvml_env(library, node.path, base={})
+    mock_plugin, mock_agent = local.plugin, local.agent
+    assert mock_plugin is not None and mock_agent is not None
+    plugin = HostProcess(
+        "device plugin (nvml)",
+        [*mock_plugin.args[: mock_plugin.args.index("--backend")],
+         "--node-name", NODE, "--backend", "nvml",
+         "--kubeconfig", str(local.our_dir / "node.kubeconfig"), "--metrics-port", "0"],
+        local.logs / "gpushare-device-plugin-nvml.log",
+        env=env,
+    )  # fmt: skip
+    agent = HostProcess(
+        "isolation agent (nvml)",
+        [str(local.venv_bin / "gpushare-isolation"), "--node-name", NODE, "--backend", "nvml",
+         "--control-dir", str(local.control_dir), "--metrics-port", "0"],
+        local.logs / "gpushare-isolation-nvml.log",
+        env=env,
+    )  # fmt: skip
+    try:
+        _swap(local, plugin, agent, 15 + 23)
+        yield node
+    finally:
+        local.kubectl(
+            "delete", "pods", "-l", WORKLOAD_LABEL, "--grace-period=0", "--force",
+            "--ignore-not-found", "--wait=true", timeout=150,
+        )  # fmt: skip
+        _swap(local, mock_plugin, mock_agent, sum(GPU_SIZES))
+        for path in made:
+            path.unlink()
+
+
+@pytest.fixture(autouse=True)
+def clean(local: LocalCluster) -> Iterator[None]:
+    yield
+    local.kubectl(
+        "delete", "pods", "-l", WORKLOAD_LABEL, "--grace-period=0", "--force",
+        "--ignore-not-found", "--wait=true", timeout=150,
+    )  # fmt: skip
+
+
+def pod(name: str, mem: int, core: int | None = None, command: str | None = None) -> dict:
+    raw = gpu_pod(name, mem, core, image=BUSYBOX, pull_policy="IfNotPresent")
+    if command is not None:
+        raw["spec"]["containers"][0]["command"] = ["sh", "-c", command]
+    return raw
+
+
+def container_pids(pod_name: str) -> list[int]:
+    """Host PIDs of the pod's container processes (found by the HOSTNAME a pod gets)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"HOSTNAME={pod_name}".encode() in environ and b"ALIYUN_COM_GPU_MEM_IDX" in b"".join(
+            environ
+        ):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def test_a_t4_counts_as_15_gib_as_on_ack(local: LocalCluster, nvml_node: NvmlNode):
+    assert local.allocatable("aliyun.com/gpu-mem") == 15 + 23
+    assert local.allocatable("aliyun.com/gpu-count") == 2
+    assert local.allocatable("aliyun.com/gpu-core.percentage") == 200
+
+
+def test_a_pod_asking_a_whole_t4_gets_it_with_its_device_node(
+    local: LocalCluster, nvml_node: NvmlNode
+):
+    command = 'trap "exit 0" TERM; env | sort; ls /dev; while :; do sleep 1; done'
+    local.create([pod("whole-t4", 15, command=command)])
+    [running] = local.wait_running(WORKLOAD_LABEL, 1, timeout=60)
+    assert assert_env_matches_annotation(local, [running]) == 1
+    log = local.container_log(running, "app")
+    env = env_of(log)
+    assert env["ALIYUN_COM_GPU_MEM_DEV"] == "15"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == T4.uuid
+    listed = set(log.split())
+    assert "nvidia0" in listed and "nvidiactl" in listed and "nvidia1" not in listed
+
+
+def test_a_container_over_its_memory_cap_is_killed(local: LocalCluster, nvml_node: NvmlNode):
+    local.create([pod("over-cap", 2)])
+    local.wait_running(WORKLOAD_LABEL, 1, timeout=60)
+    pids = wait_for("the container's processes", lambda: container_pids("over-cap"), 10, 0.2)
+    gpu = next(g for g in nvml_node.world.gpus if g.uuid in _visible(local, "over-cap"))
+    gpu.processes = [FakeProcess(pids[0], used_bytes=3 * 1024**3)]
+    nvml_node.write()
+    written = time.monotonic()
+    wait_for(
+        "the agent to kill the process over its 2 GiB cap",
+        lambda: not Path(f"/proc/{pids[0]}").exists(),
+        timeout=10,
+        every=0.05,
+    )
+    print(f"\nover-cap kill {time.monotonic() - written:.2f}s after NVML showed 3 GiB used")
+    gpu.processes = []
+    nvml_node.write()
+
+
+def _visible(local: LocalCluster, name: str) -> str:
+    raw = local.get("pod", name)
+    return env_of(local.container_log(raw, "app"))["NVIDIA_VISIBLE_DEVICES"]
+
+
+def test_cgpu_smi_shows_nvml_memory_of_each_container(local: LocalCluster, nvml_node: NvmlNode):
+    local.create([pod("seen", 4)])
+    local.wait_running(WORKLOAD_LABEL, 1, timeout=60)
+    pids = wait_for("the container's processes", lambda: container_pids("seen"), 10, 0.2)
+    gpu = next(g for g in nvml_node.world.gpus if g.uuid in _visible(local, "seen"))
+    gpu.processes = [FakeProcess(pids[0], used_bytes=1024**3)]
+    nvml_node.write()
+
+    def shown() -> dict[str, Any] | None:
+        out = run([str(local.venv_bin / "cgpu-smi"), "--control-dir", str(local.control_dir),
+                   "--json"]).stdout  # fmt: skip
+        rows = [c for g in json.loads(out)["gpus"] for c in g["containers"]]
+        mine = [c for c in rows if c["pod"] == "default/seen"]
+        return mine[0] if mine and mine[0]["memory_used_bytes"] == 1024**3 else None
+
+    row = wait_for("cgpu-smi to show 1 GiB used of 4", shown, timeout=20, every=0.5)
+    assert row["memory_allocated_bytes"] == 4 * 1024**3
+    gpu.processes = []
+    nvml_node.write()
+
+
+def test_a_critical_xid_takes_the_gpu_out_of_allocatable(local: LocalCluster, nvml_node: NvmlNode):
+    nvml_node.world.events.append(Event.xid(1, 79))
+    nvml_node.write()
+    started = time.monotonic()
+    wait_for(
+        "the A10 out of allocatable",
+        lambda: local.allocatable("aliyun.com/gpu-mem") == 15,
+        timeout=30,
+        every=0.5,
+    )
+    print(f"\nXID 79: out of allocatable after {time.monotonic() - started:.1f}s")
+    assert local.allocatable("aliyun.com/gpu-count") == 1
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def test_compute_shares_are_kept_by_freezing_real_containers(
+    local: LocalCluster, nvml_node: NvmlNode
+):
+    """Two busy containers on one GPU with 30 and 70 percent: the agent's fixed-share
+    policy lets each run for its share of the time (CPU time stands in for GPU time)."""
+    busy = 'trap "exit 0" TERM; env | sort; while :; do :; done'
+    local.create([pod("share-30", 2, 30, command=busy), pod("share-70", 2, 70, command=busy)])
+    local.wait_running(WORKLOAD_LABEL, 2, timeout=60)
+    pids = {
+        n: wait_for(n, lambda n=n: container_pids(n), 10, 0.2) for n in ("share-30", "share-70")
+    }
+    [gpu_uuid] = {_visible(local, n) for n in pids}
+    gpu = next(g for g in nvml_node.world.gpus if g.uuid == gpu_uuid)
+    gpu.processes = [FakeProcess(p[0], used_bytes=1024**3, sm_percent=50) for p in pids.values()]
+    nvml_node.write()
+    time.sleep(3)  # the agent finds them and settles into its slices
+    before = {n: cpu_seconds(p) for n, p in pids.items()}
+    time.sleep(10)
+    used = {n: cpu_seconds(p) - before[n] for n, p in pids.items()}
+    share = used["share-30"] / (used["share-30"] + used["share-70"])
+    print(f"\nshares by freezing: 30 percent container got {100 * share:.1f} percent "
+          f"({used['share-30']:.2f}s vs {used['share-70']:.2f}s of CPU)")  # fmt: skip
+    gpu.processes = []
+    nvml_node.write()
+    assert abs(share - 0.30) <= 0.03

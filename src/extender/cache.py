@@ -10,19 +10,22 @@ take the last slice of a GPU.
 
 It also remembers the pods filter refused on every candidate node and calls
 `on_capacity_freed` when a change it applies adds room, for the requeue nudge
-(extender.requeue), which makes kube-scheduler retry them.
+(extender.requeue), which makes kube-scheduler retry them; and it remembers the
+pods that ask for our resources under a schedulerName nobody serves and calls
+`on_unserved`, for the worker that posts an event on each (extender.unserved).
 """
 
 import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from extender.fittable import Answers, FitTable, NodeFit
 from extender.policychoice import node_policy
+from extender.schedulernames import unserved_scheduler
 from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster import EventType
@@ -49,6 +52,8 @@ _OBSERVED_LIMIT = 100_000
 _EXPIRY_EVERY_S = 5.0
 _REFUSED_LIMIT = 10_000
 """Pods refused everywhere kept for the requeue nudge; the least recently refused go first."""
+_NOTICED_LIMIT = 10_000
+"""UIDs of pods with an unserved schedulerName told about already; the oldest go first."""
 
 
 @dataclass(slots=True)
@@ -82,6 +87,7 @@ class SchedulerCache:
         max_pods_per_gpu: int = DEFAULT_MAX_PODS_PER_GPU,
         assume_ttl_s: float = ASSUME_TTL_S,
         clock: Callable[[], float] = time.monotonic,
+        served_schedulers: Sequence[str] | None = None,
     ) -> None:
         self.lock = threading.RLock()
         self.default_policy = default_policy
@@ -112,6 +118,16 @@ class SchedulerCache:
         self.on_capacity_freed: Callable[[], None] = lambda: None
         """Called (with the lock held) when room appeared on a node while pods wait in
         `refused`: the requeue worker's wake-up (extender.requeue)."""
+        self.served_schedulers = served_schedulers
+        """Every schedulerName our scheduler serves; None: pods naming another are not
+        looked for."""
+        self.unserved: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        """Unbound pods asking for our resources under a schedulerName neither ours nor
+        the default scheduler's, not told about yet: key → (UID, schedulerName)."""
+        self._noticed: OrderedDict[str, None] = OrderedDict()
+        self.on_unserved: Callable[[], None] = lambda: None
+        """Called (with the lock held) when a pod joins `unserved`: the wake-up of the
+        worker that posts their events (extender.unserved)."""
         self.nodes_synced = False
         self.pods_synced = False
 
@@ -138,12 +154,18 @@ class SchedulerCache:
         with self.lock:
             self.pods = {}
             self.pod_problems = {}
+            self.unserved = OrderedDict()
+            listed = {pod.metadata.uid for pod in pods}
+            self._noticed = OrderedDict.fromkeys(uid for uid in self._noticed if uid in listed)
             for pod in pods:
                 if not pod.is_finished:
                     self.pods[pod.key] = self._record(pod)
+                    self._note_unserved(pod)
             self.pods_synced = True
             self._rebuild()
             self._capacity_freed(self.nodes)
+            if self.unserved:
+                self.on_unserved()
 
     def apply_node(self, event_type: EventType, node: Node) -> None:
         with self.lock:
@@ -170,9 +192,13 @@ class SchedulerCache:
                 self.pod_problems.pop(key, None)
                 self.assumed.pop(key, None)
                 self.refused.pop(key, None)
+                self.unserved.pop(key, None)
+                self._noticed.pop(pod.metadata.uid, None)
                 self._set_allocation(key, None)
                 return
             record = self.pods[key] = self._record(pod)
+            if self._note_unserved(pod):
+                self.on_unserved()
             if record.node:
                 self.refused.pop(key, None)
             assumed = self.assumed.get(key)
@@ -260,6 +286,22 @@ class SchedulerCache:
             if self.refused.get(pod_key) == uid:
                 del self.refused[pod_key]
 
+    # ----- pods naming a scheduler nobody serves, for their event
+
+    def take_unserved(self) -> list[tuple[str, str, str]]:
+        """The pods in `unserved` (key, UID, schedulerName), each counted as told about
+        from now on, so that it gets one event: a pod updated again, or listed again
+        after a re-list, is not taken again while the UID is among the last 10,000
+        told about (a deleted pod's is forgotten)."""
+        with self.lock:
+            taken = [(key, uid, name) for key, (uid, name) in self.unserved.items()]
+            self.unserved.clear()
+            for _, uid, _ in taken:
+                self._noticed[uid] = None
+                if len(self._noticed) > _NOTICED_LIMIT:
+                    self._noticed.popitem(last=False)
+            return taken
+
     # ----- what filter, prioritize, bind and preempt read (call with the lock held)
 
     def answers(self, request: PodRequest, pod_policy: str | None, names: list[str]) -> Answers:
@@ -320,6 +362,24 @@ class SchedulerCache:
             pod.spec.priority or 0,
             pod.is_deleting,
         )
+
+    def _note_unserved(self, pod: Pod) -> bool:
+        """Keeps `unserved` current for one pod; True when the pod joined it."""
+        if self.served_schedulers is None:
+            return False
+        uid = pod.metadata.uid
+        name = (
+            None
+            if pod.spec.node_name or pod.is_deleting or uid in self._noticed
+            else unserved_scheduler(pod, self.served_schedulers)
+        )
+        if name is None:
+            if self.unserved:
+                self.unserved.pop(pod.key, None)
+            return False
+        joined = pod.key not in self.unserved
+        self.unserved[pod.key] = (uid, name)
+        return joined
 
     def _rebuild(self) -> None:
         self.state = ClusterState()

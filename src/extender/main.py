@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from extender.policychoice import validate_default
+from extender.schedulernames import DEFAULT_SCHEDULER
 from extender.server import HttpServer
 from extender.service import API_CONNECTIONS, ExtenderConfig, ExtenderService
-from extender.webhook import DEFAULT_SCHEDULER
 from gpushare.policies import POLICIES
 from gpushare.resources import ACK_SCHEDULER_NAME, DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
 

@@ -15,11 +15,11 @@ only an extender refused).
 """
 
 import logging
-import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Final
 
+from extender.background import BackgroundWorker
 from extender.cache import SchedulerCache
 from extender.metrics import ExtenderMetrics
 from gpushare.cluster import Cluster, ClusterError, NotFound
@@ -35,7 +35,7 @@ BATCH = 100
 _NODES_NAMED = 5
 
 
-class Requeuer:
+class Requeuer(BackgroundWorker):
     """A daemon thread woken by the cache (`on_capacity_freed`) that patches the
     waiting pods; API errors are logged, never raised, and a pod that is gone (404)
     is forgotten."""
@@ -49,32 +49,15 @@ class Requeuer:
         batch: int = BATCH,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
+        super().__init__("requeue", linger_s)
         self._cluster = cluster
         self._cache = cache
         self._metrics = metrics
-        self._linger_s = linger_s
         self._batch = batch
         self._now = now
-        self._cond = threading.Condition()
-        self._woken = False
-        self._stopped = False
-        self._thread: threading.Thread | None = None
 
-    def wake(self) -> None:
-        with self._cond:
-            self._woken = True
-            self._cond.notify_all()
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="requeue", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
+    def work(self) -> int:
+        return self.nudge()
 
     def nudge(self) -> int:
         """Patches the pods still waiting; how many were patched."""
@@ -106,19 +89,6 @@ class Requeuer:
                 _where(nodes),
             )
         return requeued
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._woken or self._stopped)
-                self._cond.wait_for(lambda: self._stopped, self._linger_s)
-                if self._stopped:
-                    return
-                self._woken = False
-            try:
-                self.nudge()
-            except Exception:  # a bug, not the API: keep the worker alive
-                log.exception("requeue nudge failed")
 
 
 def _where(nodes: set[str]) -> str:

@@ -1,5 +1,6 @@
 """One extender, assembled: its configuration, the cache fed by two watches, the
-binder, the requeue worker, the metrics and the two HTTP apps, over any
+binder, the requeue worker, the worker posting events on pods naming a scheduler
+nobody serves, the metrics and the two HTTP apps, over any
 gpushare.cluster.Cluster."""
 
 from dataclasses import dataclass
@@ -13,15 +14,16 @@ from extender.cache import SchedulerCache, interesting
 from extender.metrics import ExtenderMetrics
 from extender.policychoice import validate_default
 from extender.requeue import Requeuer
+from extender.unserved import UnservedReporter
 from extender.version import VERSION
 from gpushare.cluster import Cluster
 from gpushare.resources import ACK_SCHEDULER_NAME, DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
 from kubecluster.watchcache import WatchCache
 
-API_CONNECTIONS = BINDS_AT_ONCE + 3
+API_CONNECTIONS = BINDS_AT_ONCE + 4
 """Requests the extender has open against the API server at most: one per bind
-running (its calls follow one another), the node and pod watches and the requeue
-worker's patches."""
+running (its calls follow one another), the node and pod watches, the requeue
+worker's patches and the unserved-scheduler worker's events."""
 
 
 @dataclass(frozen=True)
@@ -70,12 +72,16 @@ class ExtenderService:
         self.config = config
         self.cluster = cluster
         self.cache = SchedulerCache(
-            validate_default(config.default_placement), config.max_pods_per_gpu
+            validate_default(config.default_placement),
+            config.max_pods_per_gpu,
+            served_schedulers=config.scheduler_names,
         )
         self.metrics = ExtenderMetrics(self.cache)
         self.binder = Binder(cluster, self.cache, self.metrics)
         self.requeuer = Requeuer(cluster, self.cache, self.metrics)
         self.cache.on_capacity_freed = self.requeuer.wake
+        self.unserved = UnservedReporter(cluster, self.cache, config.scheduler_names)
+        self.cache.on_unserved = self.unserved.wake
         self.extender = Extender(
             self.cache, self.binder, self.metrics, config.scheduler_names, config.summary()
         )
@@ -92,6 +98,7 @@ class ExtenderService:
 
     def start_watching(self) -> "ExtenderService":
         self.requeuer.start()
+        self.unserved.start()
         self.node_watch.start()
         self.pod_watch.start()
         return self
@@ -103,6 +110,7 @@ class ExtenderService:
         self.node_watch.stop()
         self.pod_watch.stop()
         self.requeuer.stop()
+        self.unserved.stop()
 
     def app(self) -> FastAPI:
         return extender_app(self.extender, self.config.url_prefix)

@@ -17,12 +17,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from extender.policychoice import check_pod_policy
+from extender.schedulernames import DEFAULT_SCHEDULER, unserved_scheduler, unserved_warning
 from extender.wire import AdmissionReview, WireError, describe
 from gpushare.errors import PodRefused, Refusal
 from gpushare.objects import Pod
 from gpushare.request import parse_pod_request, requests_gpu
-
-DEFAULT_SCHEDULER = "default-scheduler"
 
 
 def validate(review: AdmissionReview, served: Sequence[str]) -> dict[str, Any]:
@@ -30,8 +29,8 @@ def validate(review: AdmissionReview, served: Sequence[str]) -> dict[str, Any]:
     pod = _pod(review)
     if pod is None:
         return _answer(review, allowed=True)
-    warnings = _unserved_scheduler(pod, served)
-    extra: dict[str, Any] = {"warnings": warnings} if warnings else {}
+    unserved = unserved_scheduler(pod, served)
+    extra: dict[str, Any] = {"warnings": [unserved_warning(unserved, served)]} if unserved else {}
     refusals: list[Refusal] = []
     try:
         parse_pod_request(pod)
@@ -49,19 +48,6 @@ def validate(review: AdmissionReview, served: Sequence[str]) -> dict[str, Any]:
         status={"code": 403, "reason": "Forbidden", "message": message},
         **extra,
     )
-
-
-def _unserved_scheduler(pod: Pod, served: Sequence[str]) -> list[str]:
-    """The admission warning (kubectl prints it) for a GPU pod that names a scheduler
-    neither we nor the default scheduler serve: admitted, it may stay Pending with no
-    event at all. Kept near the 120 characters the API asks warnings to stay under."""
-    name = pod.spec.scheduler_name or DEFAULT_SCHEDULER
-    if name == DEFAULT_SCHEDULER or name in served or not requests_gpu(pod):
-        return []
-    return [
-        f'schedulerName "{name}" is not gpushare\'s ({", ".join(served)}); '
-        "Pending unless such a scheduler runs"
-    ]
 
 
 def mutate(review: AdmissionReview, scheduler_name: str) -> dict[str, Any]:

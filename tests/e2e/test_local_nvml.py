@@ -105,8 +105,10 @@ def nvml_node(local: LocalCluster) -> Iterator[NvmlNode]:
 
 
 @pytest.fixture(autouse=True)
-def clean(local: LocalCluster) -> Iterator[None]:
+def clean(request: pytest.FixtureRequest, local: LocalCluster) -> Iterator[None]:
     yield
+    if "busy_pair" in request.fixturenames:
+        return  # the busy pair lives across the policy tests
     local.kubectl(
         "delete", "pods", "-l", WORKLOAD_LABEL, "--grace-period=0", "--force",
         "--ignore-not-found", "--wait=true", timeout=150,
@@ -225,28 +227,83 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def test_compute_shares_are_kept_by_freezing_real_containers(
-    local: LocalCluster, nvml_node: NvmlNode
-):
-    """Two busy containers on one GPU with 30 and 70 percent: the agent's fixed-share
-    policy lets each run for its share of the time (CPU time stands in for GPU time)."""
+POLICIES = [
+    # policy, max_inst, expected share of the first container (30 percent, weight 1) in
+    # the GPU time the two busy containers got, and of the wall time, where fixed
+    (0, 4, 0.50, 0.25),  # fair share: 1/max_inst each, idle slots stay idle
+    (1, 16, 0.50, None),  # preemptive: 1/N of the N with work
+    (2, 16, 0.25, None),  # weight-based: 1 : 3
+    (3, 16, 0.30, 0.30),  # fixed: the compute percentage each asked
+]
+
+
+@pytest.fixture(scope="module")
+def busy_pair(local: LocalCluster, nvml_node: NvmlNode) -> Iterator[tuple[int, dict]]:
+    """Two containers that always have work, on one GPU: 30 percent with weight 1 and
+    70 percent with weight 3, each listed by the fake NVML as a GPU process."""
     busy = 'trap "exit 0" TERM; env | sort; while :; do :; done'
-    local.create([pod("share-30", 2, 30, command=busy), pod("share-70", 2, 70, command=busy)])
+    pods = []
+    for name, core, weight in (("busy-a", 30, "1"), ("busy-b", 70, "3")):
+        raw = pod(name, 2, core, command=busy)
+        raw["spec"]["containers"][0]["env"] = [
+            {"name": "ALIYUN_COM_GPU_SCHD_WEIGHT", "value": weight}
+        ]
+        pods.append(raw)
+    local.create(pods)
     local.wait_running(WORKLOAD_LABEL, 2, timeout=60)
-    pids = {
-        n: wait_for(n, lambda n=n: container_pids(n), 10, 0.2) for n in ("share-30", "share-70")
-    }
+    pids = {n: wait_for(n, lambda n=n: container_pids(n), 10, 0.2) for n in ("busy-a", "busy-b")}
     [gpu_uuid] = {_visible(local, n) for n in pids}
-    gpu = next(g for g in nvml_node.world.gpus if g.uuid == gpu_uuid)
+    [index] = [i for i, g in enumerate(nvml_node.world.gpus) if g.uuid == gpu_uuid]
+    gpu = nvml_node.world.gpus[index]
     gpu.processes = [FakeProcess(p[0], used_bytes=1024**3, sm_percent=50) for p in pids.values()]
     nvml_node.write()
-    time.sleep(3)  # the agent finds them and settles into its slices
-    before = {n: cpu_seconds(p) for n, p in pids.items()}
-    time.sleep(10)
-    used = {n: cpu_seconds(p) - before[n] for n, p in pids.items()}
-    share = used["share-30"] / (used["share-30"] + used["share-70"])
-    print(f"\nshares by freezing: 30 percent container got {100 * share:.1f} percent "
-          f"({used['share-30']:.2f}s vs {used['share-70']:.2f}s of CPU)")  # fmt: skip
+    yield index, pids
     gpu.processes = []
     nvml_node.write()
-    assert abs(share - 0.30) <= 0.03
+    set_gpu(local, index, "policy", 3)
+    set_gpu(local, index, "max_inst", 16)
+    local.kubectl("delete", "pods", "busy-a", "busy-b", "--grace-period=0", "--force")
+
+
+def set_gpu(local: LocalCluster, index: int, setting: str, value: int) -> None:
+    """Writes a GPU's setting into the control tree until the agent keeps it: it refuses
+    (and restores) a max_inst below the weight its containers hold, which includes
+    containers of pods deleted less than forget_after_s ago."""
+    path = local.control_dir / str(index) / setting
+
+    def kept() -> bool:
+        path.write_text(f"{value}\n")
+        time.sleep(0.5)
+        return path.read_text().strip() == str(value)
+
+    wait_for(f"GPU {index} {setting}={value} kept", kept, timeout=60, every=1)
+
+
+@pytest.mark.parametrize(("policy", "max_inst", "ratio", "of_wall"), POLICIES,
+                         ids=[f"policy-{p[0]}" for p in POLICIES])  # fmt: skip
+def test_compute_shares_follow_the_gpus_policy_on_real_containers(
+    local: LocalCluster,
+    busy_pair: tuple[int, dict],
+    policy: int,
+    max_inst: int,
+    ratio: float,
+    of_wall: float | None,
+):
+    """The agent slices time by freezing the containers whose turn it is not; CPU time
+    of the two busy loops stands in for GPU time."""
+    index, pids = busy_pair
+    set_gpu(local, index, "max_inst", max_inst)
+    set_gpu(local, index, "policy", policy)
+    time.sleep(2)  # the agent applies the write and settles into its slices
+    before = {n: cpu_seconds(p) for n, p in pids.items()}
+    started = time.monotonic()
+    time.sleep(8)
+    elapsed = time.monotonic() - started
+    used = {n: cpu_seconds(p) - before[n] for n, p in pids.items()}
+    share = used["busy-a"] / (used["busy-a"] + used["busy-b"])
+    print(f"\npolicy {policy}: 30-percent/weight-1 container got {100 * share:.1f} percent "
+          f"of the pair's time, {100 * used['busy-a'] / elapsed:.1f} percent of the wall time "
+          f"(other: {100 * used['busy-b'] / elapsed:.1f})")  # fmt: skip
+    assert abs(share - ratio) <= 0.03
+    if of_wall is not None:
+        assert abs(used["busy-a"] / elapsed - of_wall) <= 0.03

@@ -497,7 +497,9 @@ class IsolationAgent:
             index=index,
             uuid=gpu.device.uuid,
             model=gpu.device.model,
-            mem_bytes=gpu.device.mem_bytes,
+            # The GiB the node advertises for this GPU (rounded as the plugin rounds it),
+            # so cgpu-smi shows a T4 as the 15 GiB its pods were given, not 14.76.
+            mem_bytes=gpu.device.mem_gib * GIB,
             policy=settings.policy,
             max_inst=gpu.max_inst,
             prio_ratio=gpu.prio_ratio,

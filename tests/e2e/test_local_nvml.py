@@ -201,6 +201,10 @@ def test_cgpu_smi_shows_nvml_memory_of_each_container(local: LocalCluster, nvml_
 
     row = wait_for("cgpu-smi to show 1 GiB used of 4", shown, timeout=20, every=0.5)
     assert row["memory_allocated_bytes"] == 4 * 1024**3
+    out = run([str(local.venv_bin / "cgpu-smi"), "--control-dir", str(local.control_dir),
+               "--json"]).stdout  # fmt: skip
+    totals = {g["index"]: g["memory_total_bytes"] for g in json.loads(out)["gpus"]}
+    assert totals == {0: 15 * 1024**3, 1: 23 * 1024**3}, "the GiB the node advertises"
     gpu.processes = []
     nvml_node.write()
 

@@ -19,6 +19,7 @@ import pytest
 
 from gpushare import environment
 from gpushare.inventory import MemoryRounding
+from isolation import smi
 from isolation.agent import AgentConfig, IsolationAgent
 from isolation.backends.nvml import NvmlBackend
 from isolation.backends.port import GIB, container_key
@@ -125,6 +126,14 @@ def test_the_gpus_come_from_nvml_in_whole_gib_as_the_flag_says(driver, tmp_path)
         args, config_from(args, build_parser()), chosen
     )
     chosen.close()
+
+
+def test_cgpu_smi_shows_a_t4_as_the_15_gib_the_node_advertises(driver, tmp_path):
+    with running_agent(tmp_path):
+        tree = tmp_path / "cgpu"
+        assert eventually(lambda: (tree / "0" / "mem_total").exists())
+    report = smi.read_report(tree)
+    assert report.gpus[0].memory_total_bytes == 15 * GIB
 
 
 @pytest.mark.parametrize(

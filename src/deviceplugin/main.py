@@ -75,6 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
         "the GPU has (T4 14, A10 22) (env GPUSHARE_GPU_MEMORY_ROUNDING)",
     )
     parser.add_argument(
+        "--dev-root",
+        type=Path,
+        default=Path(env.get("GPUSHARE_DEV_ROOT", "/dev")),
+        help="nvml backend: where this process sees the node's /dev. The plugin looks "
+        "there for the control device files (nvidiactl, nvidia-uvm, nvidia-uvm-tools, "
+        "nvidia-modeset) and hands each GPU container those that exist, as /dev/<name> of "
+        "the node (env GPUSHARE_DEV_ROOT)",
+    )
+    parser.add_argument(
         "--device-plugin-dir",
         type=Path,
         default=DEVICE_PLUGIN_DIR,
@@ -125,8 +134,10 @@ def build_backend(args: argparse.Namespace) -> GpuBackend:
             )
         return MockBackend.from_layout(args.mock_gpus, args.node_name, args.mock_health_file)
     from deviceplugin.nvml import NvmlBackend
+    from nvmllib import load_from_driver_root
 
-    return NvmlBackend(memory_rounding=args.gpu_memory_rounding)
+    load_from_driver_root()
+    return NvmlBackend(dev_root=args.dev_root, memory_rounding=args.gpu_memory_rounding)
 
 
 def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> int:
@@ -147,9 +158,10 @@ def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> in
         log.error("gpushare-device-plugin cannot start: %s", err)
         return 1
     log.info(
-        "gpushare-device-plugin starting: %s gpu-memory-rounding=%s metrics-port=%s log-level=%s",
+        "gpushare-device-plugin starting: %s gpu-memory-rounding=%s%s metrics-port=%s log-level=%s",
         plugin.summary(),
         args.gpu_memory_rounding,
+        _device_files(backend),
         args.metrics_port or "off",
         args.log_level,
     )
@@ -169,6 +181,23 @@ def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> in
     log.info("stopping")
     plugin.stop()
     return 0
+
+
+def _device_files(backend: GpuBackend) -> str:
+    """The dev root and the control device files seen there, for the start line; a
+    warning when nvidiactl is not among them (every CUDA container needs it)."""
+    from deviceplugin.nvml import NvmlBackend
+
+    if not isinstance(backend, NvmlBackend):
+        return ""
+    found = backend.control_devices()
+    if "nvidiactl" not in found:
+        log.warning(
+            "no nvidiactl under --dev-root %s: GPU containers get only their /dev/nvidiaN "
+            "from the plugin; is the node's /dev mounted there?",
+            backend.dev_root,
+        )
+    return f" dev-root={backend.dev_root} control-devices={','.join(found) or 'none'}"
 
 
 def _freeze_when_synced(plugin: DevicePlugin, stop: threading.Event) -> None:

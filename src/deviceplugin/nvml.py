@@ -37,6 +37,9 @@ def _text(value: str | bytes) -> str:
 
 
 class NvmlBackend:
+    """dev_root: where this process sees the node's /dev, to tell which control device
+    files the node has (the plugin's --dev-root)."""
+
     name = "nvml"
 
     def __init__(
@@ -66,10 +69,22 @@ class NvmlBackend:
             found.append(PhysicalGpu(gpu, pynvml.nvmlDeviceGetMinorNumber(handle)))
         return tuple(found)
 
+    @property
+    def dev_root(self) -> Path:
+        return self._dev_root
+
+    def control_devices(self) -> list[str]:
+        """The names in CONTROL_DEVICES that exist under the dev root, now: nvidia-uvm
+        appears only once the driver's UVM module is loaded, often by the first CUDA
+        program, so each answer looks again."""
+        return [n for n in CONTROL_DEVICES if (self._dev_root / n).exists()]
+
     def device_nodes(self, gpus: Sequence[PhysicalGpu]) -> list[DeviceNode]:
-        names = [n for n in CONTROL_DEVICES if (self._dev_root / n).exists()]
-        names += [f"nvidia{g.minor}" for g in gpus]
-        return [DeviceNode(str(self._dev_root / n), f"/dev/{n}") for n in names]
+        """Host paths are /dev/<name> whatever the dev root: the kubelet resolves them
+        on the node, where the plugin's dev root (in the chart, the node's /dev mounted
+        at /host/dev) is /dev."""
+        names = self.control_devices() + [f"nvidia{g.minor}" for g in gpus]
+        return [DeviceNode(f"/dev/{n}", f"/dev/{n}") for n in names]
 
     def watch_health(self, listener: HealthListener, stop: threading.Event) -> None:
         self._init()

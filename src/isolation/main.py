@@ -189,7 +189,9 @@ def build_backend(args: argparse.Namespace, clock: Clock) -> GpuBackend:
             discover=lambda: discovered_containers(processes.contract_processes()),
         )
     from isolation.backends.nvml import NvmlBackend
+    from nvmllib import load_from_driver_root
 
+    load_from_driver_root()
     try:
         return NvmlBackend(
             args.proc_root,

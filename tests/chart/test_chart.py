@@ -57,6 +57,8 @@ VALUE_SETS = {
         }
     },
     "unprivileged-agent": {"isolation": {"privileged": False, "hostPID": False}},
+    "runtime-class": {"gpu": {"runtimeClassName": "nvidia"}},
+    "driver-root": {"gpu": {"driverRoot": "/run/nvidia/driver"}},
     "minimal": {
         "isolation": {"enabled": False},
         "webhook": {"enabled": False},
@@ -132,6 +134,7 @@ def test_device_plugin_gets_the_contract_flags_and_the_kubelet_directories(defau
         "--device-plugin-dir": "/var/lib/kubelet/device-plugins",
         "--pod-resources-socket": "/var/lib/kubelet/pod-resources/kubelet.sock",
         "--metrics-port": "9401",
+        "--dev-root": "/host/dev",
     }
     env = {e["name"]: e for e in plugin["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
@@ -209,8 +212,14 @@ def test_memory_rounding_reaches_both_node_components(rounding, flag):
         assert flags(container(spec, name))["--gpu-memory-rounding"] == flag
 
 
-def test_without_the_agent_the_node_pod_has_no_host_access():
-    spec = render(VALUE_SETS["minimal"]).one("DaemonSet")["spec"]["template"]["spec"]
+@pytest.mark.parametrize(
+    ("backend", "host_dev"), [("nvml", {"host-dev"}), ("mock", set())], ids=["nvml", "mock"]
+)
+def test_without_the_agent_the_node_pod_has_no_host_access_but_the_kubelets_and_dev(
+    backend, host_dev
+):
+    values = {**VALUE_SETS["minimal"], "gpu": {"backend": backend}}
+    spec = render(values).one("DaemonSet")["spec"]["template"]["spec"]
     assert [c["name"] for c in spec["containers"]] == ["device-plugin"]
     assert "hostPID" not in spec
     assert {v["name"] for v in spec["volumes"]} == {
@@ -218,7 +227,182 @@ def test_without_the_agent_the_node_pod_has_no_host_access():
         "pod-resources",
         "tmp",
         "kube-api-access",
+        *host_dev,
     }
+    mounts = {m["name"]: m for m in container(spec, "device-plugin")["volumeMounts"]}
+    assert all(mounts[name]["readOnly"] is True for name in host_dev)
+
+
+# ----- GPU nodes: the driver, the toolkit and the device files (docs/install.md)
+
+DRIVER_ROOT = "/run/nvidia/driver"
+NODE_CONTAINERS = ("device-plugin", "isolation")
+
+
+def node_pod(values: dict, kube_version: str | None = None) -> dict:
+    return render(values, kube_version=kube_version).one("DaemonSet")["spec"]["template"]["spec"]
+
+
+def env_of(c: dict) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in c["env"]}
+
+
+def host_paths(spec: dict) -> dict[str, dict]:
+    """hostPath volumes by name."""
+    return {v["name"]: v["hostPath"] for v in spec["volumes"] if "hostPath" in v}
+
+
+def mounted_host_path(spec: dict, c: dict, mount_path: str) -> tuple[dict, dict]:
+    """The mount of `c` at mount_path and the hostPath behind it."""
+    [mount] = [m for m in c["volumeMounts"] if m["mountPath"] == mount_path]
+    return mount, host_paths(spec)[mount["name"]]
+
+
+@pytest.mark.parametrize("values", [{}, VALUE_SETS["runtime-class"]], ids=["default", "runtime"])
+def test_with_nvml_both_node_containers_ask_the_toolkit_for_the_driver(values):
+    """The toolkit mounts libnvidia-ml.so.1 and /dev/nvidia* into a container whose
+    environment says NVIDIA_VISIBLE_DEVICES=all; `utility` is the capability that
+    brings NVML."""
+    spec = node_pod(values)
+    for name in NODE_CONTAINERS:
+        env = env_of(container(spec, name))
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "all", name
+        assert "utility" in env["NVIDIA_DRIVER_CAPABILITIES"].split(","), name
+        assert "GPUSHARE_DRIVER_ROOT" not in env and "LD_LIBRARY_PATH" not in env, name
+    assert "driver-root" not in host_paths(spec)
+
+
+def test_with_mock_gpus_no_container_asks_for_the_driver_or_the_nodes_devices():
+    spec = node_pod({"gpu": {"backend": "mock", "driverRoot": DRIVER_ROOT}})
+    for name in NODE_CONTAINERS:
+        c = container(spec, name)
+        env = env_of(c)
+        assert not {k for k in env if k.startswith("NVIDIA_")}, name
+        assert "GPUSHARE_DRIVER_ROOT" not in env, name
+        assert "--dev-root" not in flags(c), name
+    assert "privileged" not in container(spec, "device-plugin")["securityContext"]
+    assert {"host-dev", "driver-root"}.isdisjoint(host_paths(spec))
+
+
+@pytest.mark.parametrize("backend", ["nvml", "mock"])
+def test_runtime_class_is_rendered_when_set_and_absent_when_not(backend):
+    with_class = node_pod({"gpu": {"backend": backend, "runtimeClassName": "nvidia"}})
+    assert with_class["runtimeClassName"] == "nvidia"
+    assert "runtimeClassName" not in node_pod({"gpu": {"backend": backend}})
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, VALUE_SETS["runtime-class"], VALUE_SETS["driver-root"]],
+    ids=["toolkit", "runtime-class", "driver-root"],
+)
+def test_the_plugin_looks_for_device_files_in_the_nodes_dev(values):
+    """The plugin tells the kubelet which of nvidiactl, nvidia-uvm, nvidia-uvm-tools and
+    nvidia-modeset exist: it looks in the node's /dev, not in its own (where the toolkit
+    mounts only what NVML needs, and only at start)."""
+    spec = node_pod(values)
+    plugin = container(spec, "device-plugin")
+    dev_root = flags(plugin)["--dev-root"]
+    mount, host = mounted_host_path(spec, plugin, dev_root)
+    assert host == {"path": "/dev", "type": "Directory"}
+    assert mount["readOnly"] is True and dev_root != "/dev"
+    assert "host-dev" not in {m["name"] for m in container(spec, "isolation")["volumeMounts"]}
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "recursive"),
+    [("v1.25.0", False), ("v1.30.4", False), ("v1.31.0", True), ("v1.33.1", True)],
+)
+def test_the_nodes_dev_is_read_only_down_to_its_submounts_where_the_cluster_can(
+    kube_version, recursive
+):
+    """/dev/shm, /dev/pts ... of the node stay writable through a plain read-only
+    mount; recursiveReadOnly (beta and on from 1.31) closes them where the runtime can."""
+    plugin = container(node_pod({}, kube_version), "device-plugin")
+    [mount] = [m for m in plugin["volumeMounts"] if m["name"] == "host-dev"]
+    assert ("recursiveReadOnly" in mount) == recursive
+    if recursive:
+        assert mount["recursiveReadOnly"] == "IfPossible" and "mountPropagation" not in mount
+
+
+def test_driver_root_is_mounted_into_both_containers_and_named_to_the_loader():
+    spec = node_pod(VALUE_SETS["driver-root"])
+    for name in NODE_CONTAINERS:
+        c = container(spec, name)
+        env = env_of(c)
+        mount, host = mounted_host_path(spec, c, env["GPUSHARE_DRIVER_ROOT"])
+        assert host == {"path": DRIVER_ROOT, "type": "Directory"}, name
+        assert mount["readOnly"] is True, name
+        # The GPU operator mounts its driver there after the node pod may have started.
+        assert mount["mountPropagation"] == "HostToContainer", name
+        # The toolkit leaves the pod alone; the library is loaded by its path.
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "void", name
+        assert "NVIDIA_DRIVER_CAPABILITIES" not in env, name
+        # Not LD_LIBRARY_PATH: the driver root's lib directories hold its own libc,
+        # which would then replace the image's (tests/nvmllib shows Python not starting).
+        assert "LD_LIBRARY_PATH" not in env, name
+        # Nothing else grants a container /dev/nvidia*, which NVML opens.
+        assert c["securityContext"]["privileged"] is True, name
+        assert "allowPrivilegeEscalation" not in c["securityContext"], name
+
+
+def test_driver_root_without_the_agent_leaves_only_the_plugin_privileged():
+    values = {**VALUE_SETS["driver-root"], "isolation": {"enabled": False}}
+    spec = node_pod(values)
+    [plugin] = spec["containers"]
+    assert plugin["securityContext"]["privileged"] is True
+    assert env_of(plugin)["GPUSHARE_DRIVER_ROOT"] == "/driver-root"
+
+
+def test_driver_root_with_an_unprivileged_agent_fails_with_the_reason():
+    values = {**VALUE_SETS["driver-root"], "isolation": {"privileged": False}}
+    reason = re.escape("gpu.driverRoot needs isolation.privileged=true")
+    with pytest.raises(helm.HelmRenderError, match=reason):
+        render(values)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, VALUE_SETS["runtime-class"], VALUE_SETS["driver-root"]],
+    ids=["toolkit", "runtime-class", "driver-root"],
+)
+def test_the_agent_sees_host_pids_proc_and_cgroups_in_every_setup(values):
+    spec = node_pod(values)
+    agent = container(spec, "isolation")
+    assert spec["hostPID"] is True and agent["securityContext"]["privileged"] is True
+    proc_mount, proc = mounted_host_path(spec, agent, flags(agent)["--proc-root"])
+    assert proc["path"] == "/proc" and proc_mount["readOnly"] is True
+    cgroup_mount, cgroup = mounted_host_path(spec, agent, flags(agent)["--cgroup-root"])
+    assert cgroup["path"] == "/sys/fs/cgroup" and not cgroup_mount.get("readOnly")
+
+
+def test_install_guide_says_what_the_chart_renders_on_gpu_nodes():
+    text = (CHART.parents[1] / "docs" / "install.md").read_text()
+    heading = "## GPU nodes: the driver, the toolkit and the device files"
+    assert heading in text
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    default = node_pod({})
+    plugin = container(default, "device-plugin")
+    driver_root = env_of(container(node_pod(VALUE_SETS["driver-root"]), "isolation"))
+    said = [
+        "NVIDIA_VISIBLE_DEVICES=all",
+        f"NVIDIA_DRIVER_CAPABILITIES={env_of(plugin)['NVIDIA_DRIVER_CAPABILITIES']}",
+        "gpu.runtimeClassName",
+        "gpu.driverRoot",
+        DRIVER_ROOT,
+        f"GPUSHARE_DRIVER_ROOT={driver_root['GPUSHARE_DRIVER_ROOT']}",
+        f"NVIDIA_VISIBLE_DEVICES={driver_root['NVIDIA_VISIBLE_DEVICES']}",
+        f"--dev-root={flags(plugin)['--dev-root']}",
+        "hostPID",
+        "privileged",
+        flags(container(default, "isolation"))["--proc-root"],
+        flags(container(default, "isolation"))["--cgroup-root"],
+        "pynvml.nvmlDeviceGetCount()",
+        "ls /dev/nvidia*",
+        "control-devices=",
+        "deviceplugin.md#testing-the-nvml-path-without-a-gpu",
+    ]
+    assert [s for s in said if s not in section] == []
 
 
 # ----- the scheduler Deployment and its configuration
@@ -836,6 +1020,11 @@ def test_dashboard_configmap_is_picked_up_by_grafana_and_uses_documented_metrics
         {"webhook": {"namespaceSelector": {"matchLabel": {"a": "b"}}}},
         {"gpu": {"mockGpus": "two big GPUs"}},
         {"gpu": {"memoryRounding": "nearest"}},
+        {"gpu": {"driverRoot": "run/nvidia/driver"}},
+        {"gpu": {"driverRoot": True}},
+        {"gpu": {"driverroot": "/run/nvidia/driver"}},
+        {"gpu": {"runtimeClassName": "NVIDIA"}},
+        {"gpu": {"runtimeClassName": "nvidia runtime"}},
         {"extender": {"weight": 0}},
         {"scheduler": {"leaderElection": {"resourceName": "kube-scheduler"}}},
         {"scheduler": {"name": "default-scheduler"}},
@@ -894,7 +1083,7 @@ CONTRACT_FLAGS = {
     "gpushare-device-plugin": (
         "deviceplugin.main",
         {"--node-name", "--backend", "--mock-gpus", "--gpu-memory-rounding", "--device-plugin-dir",
-         "--pod-resources-socket", "--kubeconfig", "--metrics-port", "--log-level"},
+         "--pod-resources-socket", "--kubeconfig", "--metrics-port", "--log-level", "--dev-root"},
     ),
     "gpushare-extender": (
         "extender.main",

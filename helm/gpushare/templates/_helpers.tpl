@@ -82,12 +82,41 @@ checks each name; only here can one be compared with scheduler.name. */}}
 {{- if eq .Values.gpu.backend "mock" }}
 - name: GPUSHARE_MOCK_GPUS
   value: {{ .Values.gpu.mockGpus | quote }}
+{{- else if .Values.gpu.driverRoot }}
+{{- /* No toolkit: the driver's root is mounted at /driver-root and libnvidia-ml.so.1
+loaded from it by path (not LD_LIBRARY_PATH: that would also put the driver root's C
+library before the image's). void: a toolkit on the node leaves the pod alone. */}}
+- name: NVIDIA_VISIBLE_DEVICES
+  value: void
+- name: GPUSHARE_DRIVER_ROOT
+  value: /driver-root
 {{- else }}
-{{- /* The NVIDIA container runtime then mounts the driver and every GPU, so NVML works. */}}
+{{- /* The NVIDIA container toolkit then mounts the driver's libnvidia-ml.so.1 and the
+GPUs' device files into the container, so NVML works. */}}
 - name: NVIDIA_VISIBLE_DEVICES
   value: all
 - name: NVIDIA_DRIVER_CAPABILITIES
   value: utility
+{{- end }}
+{{- end }}
+
+{{/* The driver's root filesystem (gpu.driverRoot), read-only at /driver-root.
+HostToContainer: the GPU operator mounts its driver there after the pod may have
+started. */}}
+{{- define "gpushare.driverRootMount" -}}
+{{- if and (ne .Values.gpu.backend "mock") .Values.gpu.driverRoot }}
+- name: driver-root
+  mountPath: /driver-root
+  readOnly: true
+  mountPropagation: HostToContainer
+{{- end }}
+{{- end }}
+
+{{/* Fails where gpu.driverRoot cannot work: without the toolkit nothing but privileged
+lets a container open /dev/nvidia*, which NVML needs. */}}
+{{- define "gpushare.checkDriverRoot" -}}
+{{- if and (ne .Values.gpu.backend "mock") .Values.gpu.driverRoot .Values.isolation.enabled (not .Values.isolation.privileged) }}
+{{- fail "gpu.driverRoot needs isolation.privileged=true: without the NVIDIA container toolkit only a privileged container may open /dev/nvidia*, which NVML needs" }}
 {{- end }}
 {{- end }}
 

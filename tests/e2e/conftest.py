@@ -178,3 +178,13 @@ def local(
         else:
             cluster.down()
         print(f"\nreal-cluster tier on {bins.version}: {time.monotonic() - started:.0f}s")
+
+
+@pytest.fixture
+def clean_workloads(local: local_tier.LocalCluster) -> Iterator[None]:
+    """Afterwards, no workload pod or Job is left (forced: their slices free at once)."""
+    yield
+    local.kubectl(
+        "delete", "jobs,pods", "-l", WORKLOAD_LABEL, "--grace-period=0", "--force",
+        "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150,
+    )  # fmt: skip

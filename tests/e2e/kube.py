@@ -111,6 +111,11 @@ class KubectlTarget:
             "--ignore-not-found", timeout=timeout + 30,
         )  # fmt: skip
 
+    def running(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
+        """The pod, once it is Running; None before."""
+        raw = self.get("pod", "-n", namespace, name)
+        return raw if raw["status"].get("phase") == "Running" else None
+
     def events_for(self, name: str, namespace: str = "default") -> list[dict[str, Any]]:
         selector = f"involvedObject.name={name}"
         return self.get("events", "-n", namespace, "--field-selector", selector)["items"]

@@ -162,6 +162,10 @@ class HostProcess:
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
+    def since_start(self) -> str:
+        """What the current run of the process logged (the log file keeps earlier runs)."""
+        return self.text().rsplit("=== start ", 1)[-1]
+
     def tail(self, lines: int = 30) -> str:
         return "\n".join(self.text().splitlines()[-lines:])
 
@@ -334,7 +338,7 @@ class LocalCluster(KubectlTarget):
     def scheduler_log(self) -> str:
         """The log of the kube-scheduler that start_scheduler started last."""
         assert self.scheduler is not None, "the harness's own kube-scheduler was not restarted"
-        return self.scheduler.text().rsplit("=== start ", 1)[-1]
+        return self.scheduler.since_start()
 
     def _recorded_alive(self, name: str) -> bool:
         """Whether the process up.sh recorded in NAME.pid still runs (PID and start time)."""
@@ -470,7 +474,7 @@ class LocalCluster(KubectlTarget):
         wait_for(
             "the device plugin to register aliyun.com/gpu-mem",
             lambda: (
-                " registered aliyun.com/gpu-mem " in self.plugin_output_since_start()
+                " registered aliyun.com/gpu-mem " in self.plugin.since_start()
                 or self._dead(self.plugin)
             ),
             timeout=60,
@@ -482,10 +486,6 @@ class LocalCluster(KubectlTarget):
             timeout=60,
             every=0.5,
         )
-
-    def plugin_output_since_start(self) -> str:
-        assert self.plugin is not None
-        return self.plugin.text().rsplit("=== start ", 1)[-1]
 
     def _dead(self, process: HostProcess | None) -> bool:
         assert process is not None

@@ -22,33 +22,19 @@ from gpushare.objects import Pod
 from tests.e2e.checks import assert_env_matches_annotation, assert_within_capacity, cluster_state
 from tests.e2e.kube import wait_for
 from tests.e2e.local import SCHEDULER_CONFIG, HostProcess, LocalCluster, webhooks_on_loopback
-from tests.e2e.workloads import BUSYBOX, WORKLOAD_LABEL, gpu_pod, runnable
+from tests.e2e.workloads import BUSYBOX, WORKLOAD_LABEL, busybox_pod, runnable
 
-pytestmark = [pytest.mark.realcluster, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.realcluster,
+    pytest.mark.timeout(600),
+    pytest.mark.usefixtures("clean_workloads"),
+]
 
 STANDBY_EXTENDER_PORT = 39998
 STANDBY_WEBHOOK_PORT = 9444
 STANDBY_SCHEDULER_PORT = 10261
 LEASE = "gpushare-scheduler"
 ACQUIRED = re.compile(r"^I(\d{4} \d\d:\d\d:\d\d\.\d+).*successfully acquired lease")
-
-
-@pytest.fixture(autouse=True)
-def clean(local: LocalCluster) -> Iterator[None]:
-    yield
-    local.kubectl(
-        "delete", "jobs,pods", "-l", WORKLOAD_LABEL, "--grace-period=0", "--force",
-        "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150,
-    )  # fmt: skip
-
-
-def pod(name: str, mem: int, core: int | None = None, **kwargs: Any) -> dict[str, Any]:
-    return gpu_pod(name, mem, core, image=BUSYBOX, pull_policy="IfNotPresent", **kwargs)
-
-
-def running_pod(local: LocalCluster, name: str) -> dict[str, Any] | None:
-    raw = local.get("pod", name)
-    return raw if raw["status"].get("phase") == "Running" else None
 
 
 def acquired_at(log: str) -> datetime.datetime | None:
@@ -94,7 +80,7 @@ def standby(local: LocalCluster) -> Iterator[tuple[HostProcess, HostProcess]]:
     ).start()  # fmt: skip
     wait_for(
         "the standby to wait for the lease",
-        lambda: "attempting to acquire leader lease" in scheduler.text(),
+        lambda: "attempting to acquire leader lease" in scheduler.since_start(),
         timeout=30,
         every=0.5,
     )
@@ -138,7 +124,7 @@ def test_the_standby_scheduler_finishes_a_burst_when_the_leader_dies(
 ):
     extender, scheduler = standby
     assert local.extender is not None
-    burst = [pod(f"failover-{i:02d}", 2, 10) for i in range(16)]
+    burst = [busybox_pod(f"failover-{i:02d}", 2, 10) for i in range(16)]
     creator = threading.Thread(target=create_one_by_one, args=(local, burst))
     creator.start()
     wait_for("the burst under way", lambda: len(local.pods(WORKLOAD_LABEL)) >= 4, 30, 0.1)
@@ -155,7 +141,7 @@ def test_the_standby_scheduler_finishes_a_burst_when_the_leader_dies(
     assert unbound, "every pod was bound before the kill: nothing failed over"
     pods = local.wait_running(WORKLOAD_LABEL, len(burst), timeout=30)
     all_running = time.monotonic() - started
-    leader_at = acquired_at(scheduler.text())
+    leader_at = acquired_at(scheduler.since_start())
     assert leader_at is not None, "the standby never took the lease"
     takeover = (leader_at - killed).total_seconds()
     print(f"\nfailover: standby leader {takeover:.1f}s after the kill, "
@@ -173,8 +159,8 @@ def test_ten_kubelet_restarts_in_a_row_strand_no_pod(local: LocalCluster):
         local.restart_kubelet()
         name = f"restart-{attempt}"
         started = time.monotonic()
-        local.create([pod(name, 1, 5)])
-        running = wait_for(f"{name} Running", lambda n=name: running_pod(local, n), 20, 0.2)
+        local.create([busybox_pod(name, 1, 5)])
+        running = wait_for(f"{name} Running", lambda n=name: local.running(n), 20, 0.2)
         print(f"\nkubelet restart {attempt + 1}: pod Running {time.monotonic() - started:.1f}s")
         assert assert_env_matches_annotation(local, [running]) == 1
         local.kubectl("delete", "pod", name, "--wait=true")

@@ -21,24 +21,15 @@ from tests.e2e.checks import (
 )
 from tests.e2e.kube import wait_for
 from tests.e2e.local import GPU_SIZES, NODE, LocalCluster
-from tests.e2e.workloads import BUSYBOX, WORKLOAD_LABEL, gpu_pod
+from tests.e2e.workloads import WORKLOAD_LABEL, busybox_pod
 
-pytestmark = [pytest.mark.realcluster, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.realcluster,
+    pytest.mark.timeout(600),
+    pytest.mark.usefixtures("clean_workloads"),
+]
 
 FULL_MEM = sum(GPU_SIZES)
-
-
-@pytest.fixture(autouse=True)
-def clean(local: LocalCluster) -> Iterator[None]:
-    yield
-    local.kubectl(
-        "delete", "jobs,pods", "-l", WORKLOAD_LABEL, "--grace-period=0", "--force",
-        "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150,
-    )  # fmt: skip
-
-
-def pod(name: str, mem: int, core: int | None = None, **kwargs: Any) -> dict[str, Any]:
-    return gpu_pod(name, mem, core, image=BUSYBOX, pull_policy="IfNotPresent", **kwargs)
 
 
 def gpus_of(local: LocalCluster, name: str) -> set[int]:
@@ -79,7 +70,7 @@ def test_a_burst_of_mixed_pods_is_placed_within_the_rules_and_none_is_stranded(
     local: LocalCluster,
 ):
     shapes = [(1, 5), (2, 10), (3, 15), (4, 20)]  # 28 pods ask 70 GiB and 350 percent
-    burst = [pod(f"burst-{i:02d}", *shapes[i % len(shapes)]) for i in range(28)]
+    burst = [busybox_pod(f"burst-{i:02d}", *shapes[i % len(shapes)]) for i in range(28)]
     started = time.monotonic()
     local.create(burst)
 
@@ -123,10 +114,10 @@ def test_a_waiting_pod_binds_within_seconds_of_a_gpu_freeing(
     """The scheduler retries a refused pod when an assigned pod is deleted, possibly
     before the extender's own watch has seen the deletion; the extender then nudges the
     pod (gpushare.io/requeued-at) once its cache frees the slice."""
-    local.create([pod(f"fill-{i}", mem) for i, mem in enumerate(fill)])
+    local.create([busybox_pod(f"fill-{i}", mem) for i, mem in enumerate(fill)])
     local.wait_running(WORKLOAD_LABEL, len(fill))
     freed = gpus_of(local, "fill-1")
-    local.create([pod("waiter", waiting)])
+    local.create([busybox_pod("waiter", waiting)])
     wait_for("waiter refused", lambda: failed_scheduling(local, "waiter"), 60, every=0.5)
     local.kubectl("delete", "pod", "fill-1", "--wait=true")
     gone = time.monotonic()
@@ -151,9 +142,9 @@ def test_the_scheduler_retries_a_pod_the_extender_refused_when_it_is_nudged(
 ):
     """What the nudge relies on, on this version of kube-scheduler: a pod refused by the
     extender alone is retried at once when its annotations change."""
-    local.create([pod("fill-0", 10), pod("fill-1", 10), pod("fill-2", 18)])
+    local.create([busybox_pod("fill-0", 10), busybox_pod("fill-1", 10), busybox_pod("fill-2", 18)])
     local.wait_running(WORKLOAD_LABEL, 3)
-    local.create([pod("waiter", 12)])  # the node has 18 GiB free, no GPU has 12
+    local.create([busybox_pod("waiter", 12)])  # the node has 18 GiB free, no GPU has 12
     wait_for("waiter refused", lambda: failed_scheduling(local, "waiter"), 60, every=0.5)
     time.sleep(2)  # past the scheduler's first backoff
     before = scheduling_attempts(local, "waiter")
@@ -167,7 +158,9 @@ def test_the_scheduler_retries_a_pod_the_extender_refused_when_it_is_nudged(
 
 
 def test_a_terminating_pod_keeps_its_gpu_until_it_is_gone(local: LocalCluster):
-    local.create([pod("trainer", 16, grace_s=25, ignore_sigterm=True), pod("other", 16)])
+    local.create(
+        [busybox_pod("trainer", 16, grace_s=25, ignore_sigterm=True), busybox_pod("other", 16)]
+    )
     local.wait_running(WORKLOAD_LABEL, 2)
     held = gpus_of(local, "trainer")
     local.kubectl("delete", "pod", "trainer", "--wait=false")
@@ -177,7 +170,7 @@ def test_a_terminating_pod_keeps_its_gpu_until_it_is_gone(local: LocalCluster):
         30,
         every=0.2,
     )
-    local.create([pod("successor", 16)])
+    local.create([busybox_pod("successor", 16)])
     wait_for(
         "successor to be bound",
         lambda: local.get("pod", "successor")["spec"].get("nodeName"),
@@ -212,14 +205,14 @@ def test_a_high_priority_pod_preempts_the_pods_that_free_one_gpu(
 ):
     """Seven 8 GiB pods fill 16 + 16 + 24 GiB; the scheduler's victims by node sum are
     two pods that may sit on different GPUs, which frees no GPU for 16 GiB."""
-    low = [pod(f"low-{i}", 8, priority_class="e2e-low") for i in range(7)]
+    low = [busybox_pod(f"low-{i}", 8, priority_class="e2e-low") for i in range(7)]
     local.create(low)
     local.wait_running(WORKLOAD_LABEL, 7)
     before = {p["metadata"]["name"]: gpus_of(local, p["metadata"]["name"]) for p in low}
     started = time.monotonic()
-    local.create([pod("urgent", 16, priority_class="e2e-high")])
+    local.create([busybox_pod("urgent", 16, priority_class="e2e-high")])
 
-    wait_for("the high-priority pod to run", lambda: running_pod(local, "urgent"), 120, 1)
+    wait_for("the high-priority pod to run", lambda: local.running("urgent"), 120, 1)
     elapsed = time.monotonic() - started
     remaining = {p["metadata"]["name"] for p in local.pods(WORKLOAD_LABEL)} - {"urgent"}
     victims = set(before) - remaining
@@ -242,7 +235,7 @@ def test_an_unhealthy_gpu_leaves_allocatable_and_gets_no_new_pods(local: LocalCl
         )
         [gpu1] = [g for g in local.extender_view()["nodes"][0]["gpus"] if g["index"] == 1]
         assert gpu1["healthy"] is False
-        local.create([pod("a", 16), pod("b", 16)])
+        local.create([busybox_pod("a", 16), busybox_pod("b", 16)])
         wait_for(
             "two pods bound",
             lambda: all(local.get("pod", n)["spec"].get("nodeName") for n in ("a", "b")),
@@ -258,11 +251,6 @@ def test_an_unhealthy_gpu_leaves_allocatable_and_gets_no_new_pods(local: LocalCl
         timeout=60,
         every=1,
     )
-
-
-def running_pod(local: LocalCluster, name: str) -> dict[str, Any] | None:
-    raw = local.get("pod", name)
-    return raw if raw["status"].get("phase") == "Running" else None
 
 
 def set_mode(local: LocalCluster, mode: str) -> None:
@@ -281,20 +269,18 @@ def test_a_mode_switch_takes_effect_without_restarting_anything(local: LocalClus
     pids = {p.name: p.process.pid for p in (local.extender, local.plugin) if p and p.process}
     try:
         set_mode(local, "cgpu")
-        local.create([pod("wants-compute", 2, 30), pod("memory-only", 2)])
+        local.create([busybox_pod("wants-compute", 2, 30), busybox_pod("memory-only", 2)])
         message = wait_for(
             "compute request refused", lambda: failed_scheduling(local, "wants-compute"), 60, 0.5
         )
         assert "gpu-core.percentage" in message, message
-        running = wait_for(
-            "memory-only Running", lambda: running_pod(local, "memory-only"), 60, 0.5
-        )
+        running = wait_for("memory-only Running", lambda: local.running("memory-only"), 60, 0.5)
         assert assert_env_matches_annotation(local, [running]) == 1
         env = local.container_log(running, "app")
         assert "CGPU_DISABLE" not in env
         local.kubectl("delete", "pod", "memory-only", "wants-compute", "--wait=true")
         set_mode(local, "share")
-        local.create([pod("shared", 2)])
+        local.create([busybox_pod("shared", 2)])
         [shared] = local.wait_running(WORKLOAD_LABEL, 1, timeout=60)
         assert assert_env_matches_annotation(local, [shared]) == 1
         assert "CGPU_DISABLE=true" in local.container_log(shared, "app")
@@ -329,7 +315,7 @@ def test_after_a_kubelet_restart_the_plugin_re_registers_at_once_and_pods_run(
     delay = (max(stamps[:3]) - created).total_seconds()
     print(f"\nre-registered {delay:.2f}s after kubelet.sock appeared")
     assert delay <= 1.0
-    local.create([pod("after-restart", 2, 10)])
+    local.create([busybox_pod("after-restart", 2, 10)])
     [running] = local.wait_running(WORKLOAD_LABEL, 1, timeout=60)
     assert assert_env_matches_annotation(local, [running]) == 1
 
@@ -341,7 +327,7 @@ def test_a_device_plugin_restart_mid_burst_strands_no_pod_and_loses_no_slice(
     UnexpectedAdmissionError (it rejects, it does not wait); their Job replaces them,
     and the failed ones hold no slice."""
     assert local.plugin is not None
-    template = pod("mid", 2, 10)
+    template = busybox_pod("mid", 2, 10)
     job = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -388,7 +374,7 @@ def comparable(view: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_restarted_extender_rebuilds_the_same_state_from_annotations(local: LocalCluster):
     assert local.extender is not None
-    local.create([pod(f"kept-{i}", 3, 20) for i in range(5)])
+    local.create([busybox_pod(f"kept-{i}", 3, 20) for i in range(5)])
     local.wait_running(WORKLOAD_LABEL, 5)
     before = comparable(local.extender_view())
     local.extender.stop()
@@ -397,7 +383,7 @@ def test_a_restarted_extender_rebuilds_the_same_state_from_annotations(local: Lo
         "the extender synced", lambda: (v := local.extender_view())["synced"] and v, 30, 0.5
     )
     assert comparable(after) == before
-    local.create([pod("kept-new", 3, 20)])
+    local.create([busybox_pod("kept-new", 3, 20)])
     local.wait_running(WORKLOAD_LABEL, 6, timeout=60)
     state, _ = cluster_state(local)
     assert_within_capacity(state)

@@ -107,3 +107,8 @@ def gpu_pod(
             "sh", "-c", 'trap "" TERM; env | sort; while :; do sleep 1; done'
         ]  # fmt: skip
     return pod
+
+
+def busybox_pod(name: str, mem: int, core: int | None = None, **kwargs: Any) -> dict[str, Any]:
+    """`gpu_pod` for the local real cluster, whose only image is busybox."""
+    return gpu_pod(name, mem, core, image=BUSYBOX, pull_policy="IfNotPresent", **kwargs)

@@ -3,7 +3,9 @@
 import logging
 import re
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import httpx
 from kubernetes import client
@@ -20,21 +22,36 @@ from tests.extender.harness import PREFIX, pod_json, wait_until
 from tests.kubecluster.apiserver import ApiServer
 
 
+@contextmanager
+def extender_over(api: ApiServer, kube: KubeCluster) -> Iterator[tuple[ExtenderService, str]]:
+    """The extender watching `api` through `kube`, serving on loopback, synced; yields the
+    service and its URL, and stops all three afterwards."""
+    service = ExtenderService(kube, ExtenderConfig()).start_watching()
+    server = HttpServer(service.app()).start()
+    try:
+        assert service.wait_synced(10)
+        yield service, server.url
+    finally:
+        server.stop()
+        service.stop_watching()
+        api.close()
+
+
+def kube_of(api: ApiServer) -> KubeCluster:
+    configuration = client.Configuration()
+    configuration.host = api.url
+    return KubeCluster(client.ApiClient(configuration), watch_timeout_s=30)
+
+
 def test_filter_and_bind_through_the_kubernetes_api():
     memory = MemoryCluster()
     memory.add_node(node("n1", "2x16GiB"))
     memory.add_node(node("n2", "1x8GiB"))
     api = ApiServer(memory)
-    configuration = client.Configuration()
-    configuration.host = api.url
-    kube = KubeCluster(client.ApiClient(configuration), watch_timeout_s=30)
-    service = ExtenderService(kube, ExtenderConfig()).start_watching()
-    server = HttpServer(service.app()).start()
-    try:
-        assert service.wait_synced(10)
+    with extender_over(api, kube_of(api)) as (service, url):
         created = memory.create_pod(pod("p", mem=12))
         wait_until(lambda: created.key in service.cache.pods, what="the watch to see the pod")
-        with httpx.Client(base_url=server.url + PREFIX) as http:
+        with httpx.Client(base_url=url + PREFIX) as http:
             args = {"Pod": pod_json(created), "Nodes": None, "NodeNames": ["n1", "n2"]}
             answer = http.post("/filter", json=args).json()
             assert answer["NodeNames"] == ["n1"]
@@ -51,10 +68,6 @@ def test_filter_and_bind_through_the_kubernetes_api():
         assert annotation.decode(bound).total_mem == 12
         assert api.seen("POST", "/binding") and api.events[-1]["reason"] == "GpuAllocated"
         wait_until(lambda: not service.cache.assumed, what="the watch to show the bind")
-    finally:
-        server.stop()
-        service.stop_watching()
-        api.close()
 
 
 def test_a_burst_of_binds_keeps_every_api_connection(tmp_path, caplog):
@@ -78,11 +91,8 @@ def test_a_burst_of_binds_keeps_every_api_connection(tmp_path, caplog):
     kube = KubeCluster.from_config(
         str(api.write_kubeconfig(tmp_path / "kubeconfig")), connections=API_CONNECTIONS
     )
-    service = ExtenderService(kube, ExtenderConfig()).start_watching()
-    server = HttpServer(service.app()).start()
     caplog.set_level(logging.WARNING, logger="urllib3")
-    try:
-        assert service.wait_synced(10)
+    with extender_over(api, kube) as (service, url):
         wait_until(lambda: len(service.cache.pods) == len(pods), what="the watch to see the pods")
 
         def bind(i: int) -> dict:
@@ -91,16 +101,12 @@ def test_a_burst_of_binds_keeps_every_api_connection(tmp_path, caplog):
             return http.post("/bind", json={**body, "Node": names[i]}).json()
 
         with (
-            httpx.Client(base_url=server.url + PREFIX, timeout=30) as http,
+            httpx.Client(base_url=url + PREFIX, timeout=30) as http,
             ThreadPoolExecutor(BINDS_AT_ONCE) as pool,
         ):
             answers = list(pool.map(bind, range(BINDS_AT_ONCE)))
         assert answers == [{"Error": ""}] * BINDS_AT_ONCE
         assert all(memory.get_pod("default", p.metadata.name).spec.node_name for p in pods)
-    finally:
-        server.stop()
-        service.stop_watching()
-        api.close()
     assert not [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()]
 
 
@@ -108,17 +114,11 @@ def test_the_requeue_nudge_is_a_merge_patch_of_one_annotation():
     memory = MemoryCluster()
     memory.add_node(node("n1", "1x16GiB"))
     api = ApiServer(memory)
-    configuration = client.Configuration()
-    configuration.host = api.url
-    kube = KubeCluster(client.ApiClient(configuration), watch_timeout_s=30)
-    service = ExtenderService(kube, ExtenderConfig()).start_watching()
-    server = HttpServer(service.app()).start()
-    try:
-        assert service.wait_synced(10)
+    with extender_over(api, kube_of(api)) as (service, url):
         holder = memory.create_pod(pod("holder", mem=16))
         waiter = memory.create_pod(pod("waiter", mem=16))
         wait_until(lambda: waiter.key in service.cache.pods, what="the watch to see the pods")
-        with httpx.Client(base_url=server.url + PREFIX) as http:
+        with httpx.Client(base_url=url + PREFIX) as http:
             meta = holder.metadata
             bind = {"PodName": "holder", "PodNamespace": "default", "PodUID": meta.uid}
             assert http.post("/bind", json={**bind, "Node": "n1"}).json() == {"Error": ""}
@@ -135,7 +135,3 @@ def test_the_requeue_nudge_is_a_merge_patch_of_one_annotation():
         assert key == REQUEUED_AT_ANNOTATION == "gpushare.io/requeued-at"
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp)
         assert memory.get_pod("default", "waiter").metadata.annotations[key] == stamp
-    finally:
-        server.stop()
-        service.stop_watching()
-        api.close()

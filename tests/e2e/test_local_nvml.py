@@ -20,7 +20,7 @@ import pytest
 from tests.e2e.checks import assert_env_matches_annotation, env_of
 from tests.e2e.kube import run, wait_for
 from tests.e2e.local import GPU_SIZES, NODE, HostProcess, LocalCluster
-from tests.e2e.workloads import BUSYBOX, WORKLOAD_LABEL, gpu_pod
+from tests.e2e.workloads import WORKLOAD_LABEL, busybox_pod
 from tests.fakenvml import (
     MIB,
     Event,
@@ -116,7 +116,7 @@ def clean(request: pytest.FixtureRequest, local: LocalCluster) -> Iterator[None]
 
 
 def pod(name: str, mem: int, core: int | None = None, command: str | None = None) -> dict:
-    raw = gpu_pod(name, mem, core, image=BUSYBOX, pull_policy="IfNotPresent")
+    raw = busybox_pod(name, mem, core)
     if command is not None:
         raw["spec"]["containers"][0]["command"] = ["sh", "-c", command]
     return raw

@@ -1,11 +1,14 @@
 """The Dockerfile: parsed and checked everywhere; built and run where Docker runs."""
 
+import importlib.util
+import json
 import re
 import shutil
 import subprocess
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -13,6 +16,20 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 SCRIPTS: dict[str, str] = PROJECT["scripts"]
+
+
+def _offline_builder() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "build_image", ROOT / "scripts" / "build_image.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+OFFLINE = _offline_builder()
+"""scripts/build_image.py: the same image, built without Docker or a registry."""
 
 
 @dataclass
@@ -62,7 +79,7 @@ def stages() -> list[Stage]:
 
 def test_builds_wheels_in_one_stage_and_runs_on_slim_python_in_another(stages):
     assert [s.name for s in stages] == ["builder", "runtime"]
-    assert stages[0].base == stages[1].base == "python:3.11-slim"
+    assert stages[0].base == stages[1].base == f"python:3.11-slim-{OFFLINE.SUITE}"
     builder, runtime = stages
     assert any("pip wheel" in run and run.rstrip().endswith(" .") for run in builder.args("RUN"))
     assert any(copy.startswith("--from=builder /wheels") for copy in runtime.args("COPY"))
@@ -97,6 +114,44 @@ def test_runs_as_a_non_root_user(stages):
     uid = users[-1].split(":")[0]
     assert uid not in ("0", "root")
     assert any(f"--uid {uid}" in run for run in stages[-1].args("RUN"))
+
+
+def _squeezed(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def test_the_offline_build_makes_the_same_image(stages):
+    """scripts/build-image must give what `docker build` gives: same distribution, venv,
+    user, environment, command, examples, removals and entry-point check."""
+    runtime = stages[-1]
+    env = " ".join(runtime.args("ENV")).split()
+    for setting in OFFLINE.ENV:
+        assert setting in env, f"the Dockerfile's ENV lacks {setting}"
+    assert runtime.args("USER")[-1] == OFFLINE.USER
+    assert json.loads(runtime.args("CMD")[-1]) == list(OFFLINE.CMD)
+    runs = " ".join(runtime.args("RUN"))
+    assert f"python -m venv {OFFLINE.VENV}" in runs
+    assert f"{OFFLINE.VENV}/bin/pip install --no-index" in runs
+    assert f"--find-links /tmp/wheels {OFFLINE.DIST}" in runs
+    assert "pip uninstall --quiet --yes pip setuptools" in runs
+    for removed in OFFLINE.REMOVED_FROM_VENV:
+        assert f"{OFFLINE.VENV}/{removed}" in runs, f"the Dockerfile keeps {removed}"
+    [check] = [r for r in runtime.args("RUN") if "console_scripts" in r]
+    assert _squeezed(OFFLINE.ENTRY_POINT_CHECK) in _squeezed(check)
+    assert f"examples {OFFLINE.EXAMPLES}" in runtime.args("COPY")
+    assert PROJECT["name"] == OFFLINE.DIST
+
+
+def test_nothing_in_the_product_imports_what_the_image_leaves_out():
+    # kubernetes/aio is removed from the image; matplotlib is the `plot` extra, loaded
+    # only by the plot module (and probed lazily before a plot is asked for).
+    for path in (ROOT / "src").rglob("*.py"):
+        text = path.read_text()
+        assert "kubernetes.aio" not in text and "from kubernetes import aio" not in text, path
+        if re.search(r"^(import|from) matplotlib", text, re.M):
+            assert path.name == "plot.py", f"{path} imports matplotlib at load time"
+    assert all("matplotlib" not in dep for dep in PROJECT["dependencies"])
+    assert any("matplotlib" in dep for dep in PROJECT["optional-dependencies"]["plot"])
 
 
 def test_parser_reads_continuations_and_arguments():

@@ -159,6 +159,15 @@ def run_all(
         yield from pool.imap_unordered(_run_one, jobs)
 
 
+def _can_plot() -> bool:
+    """Whether the `plot` extra is installed (checked before minutes of simulation)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("gpushare simulate: --workers must be at least 1", file=sys.stderr)
@@ -169,6 +178,13 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None and args.plot.suffix.lower() != ".png":
         print(
             f"gpushare simulate: --plot {args.plot}: the plot is a PNG, name it *.png",
+            file=sys.stderr,
+        )
+        return 2
+    if args.plot is not None and not _can_plot():
+        print(
+            "gpushare simulate: --plot needs matplotlib, which components do not install: "
+            "pip install 'kube-gpushare[plot]'",
             file=sys.stderr,
         )
         return 2

@@ -3,6 +3,7 @@ JSON, plot."""
 
 import json
 import os
+import sys
 
 import pytest
 
@@ -88,6 +89,19 @@ def test_output_files_that_cannot_be_written_are_refused_before_the_run(
     err = capsys.readouterr().err
     assert message.format(tmp=tmp_path) in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_plot_without_matplotlib_names_the_extra_before_the_run(
+    capsys, tmp_path, monkeypatch
+):
+    # The image installs no matplotlib: `--plot` there must say how to get it, at once.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    argv = ["--plot", str(tmp_path / "r.png"), "--nodes", str(tmp_path / "none.csv")]
+    code = main(["simulate", *argv, "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "pip install 'kube-gpushare[plot]'" in err and "Traceback" not in err
+    assert not (tmp_path / "r.png").exists()
 
 
 def test_a_malformed_trace_row_is_one_line_naming_file_and_line(capsys, small, tmp_path):

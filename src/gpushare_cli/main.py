@@ -5,7 +5,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from gpushare_cli import demo, simulate
+from gpushare_cli import cleanup, demo, simulate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo.register(commands)
     simulate.register(commands)
+    cleanup.register(commands)
     return parser
 
 

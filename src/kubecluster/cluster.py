@@ -260,7 +260,30 @@ class KubeCluster:
         except Exception as err:  # the API or the network; see the docstring
             log.warning("could not record event %s on %s %s: %s", reason, ref.kind, ref.name, err)
 
+    # ----- what the components leave behind (`gpushare uninstall-cleanup`)
+
+    def delete_lease(self, namespace: str, name: str) -> None:
+        """Raises NotFound when there is no such Lease."""
+        leases = client.CoordinationV1Api(self.api)
+        self._delete(
+            f"delete lease {namespace}/{name}", leases.delete_namespaced_lease, name, namespace
+        )
+
+    def delete_secret(self, namespace: str, name: str) -> None:
+        """Raises NotFound when there is no such Secret."""
+        self._delete(
+            f"delete secret {namespace}/{name}", self.core.delete_namespaced_secret, name, namespace
+        )
+
     # ----- helpers
+
+    def _delete(self, what: str, call: Any, *args: Any) -> None:
+        try:
+            call(*args)
+        except ApiException as err:
+            raise _translate(err, what) from err
+        except Exception as err:  # connection refused, TLS, DNS
+            raise ClusterError(f"{what}: {err}") from err
 
     def _one(self, kind: type[_T], what: str, call: Any, *args: Any, **kwargs: Any) -> _T:
         try:

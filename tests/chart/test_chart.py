@@ -1,5 +1,6 @@
 """The Helm chart, linted and rendered by Helm's own engine, checked object by object."""
 
+import argparse
 import base64
 import importlib.util
 import json
@@ -953,7 +954,11 @@ def test_device_plugin_can_annotate_but_never_bind(default):
 
 def test_every_binding_names_an_account_the_chart_creates(default):
     accounts = {a["metadata"]["name"] for a in default.all("ServiceAccount")}
-    assert accounts == {f"{FULLNAME}-scheduler", f"{FULLNAME}-device-plugin"}
+    assert accounts == {
+        f"{FULLNAME}-scheduler",
+        f"{FULLNAME}-device-plugin",
+        f"{FULLNAME}-uninstall-cleanup",
+    }
     for binding in [*default.all("ClusterRoleBinding"), *default.all("RoleBinding")]:
         for subject in binding["subjects"]:
             assert subject == {
@@ -962,8 +967,165 @@ def test_every_binding_names_an_account_the_chart_creates(default):
                 "namespace": NAMESPACE,
             }
             assert subject["name"] in accounts
-    pods = [default.one("DaemonSet"), default.one("Deployment")]
+    pods = [default.one("DaemonSet"), default.one("Deployment"), default.one("Job")]
     assert {p["spec"]["template"]["spec"]["serviceAccountName"] for p in pods} == accounts
+
+
+# ----- the uninstall hook: what the components made at run time goes with the release
+
+HOOK = f"{FULLNAME}-uninstall-cleanup"
+HOOK_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job"}
+
+
+def hook_objects(rendered) -> list[dict]:
+    return [o for o in rendered.objects if "helm.sh/hook" in o["metadata"].get("annotations", {})]
+
+
+def named_grants(rendered, account: str, resource: str, verb: str) -> set[tuple[str, str]]:
+    """(namespace, name) of each object of `resource` the account may `verb` through the
+    chart's Roles; a rule without resourceNames counts as (namespace, "*")."""
+    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in rendered.all("Role")}
+    found: set[tuple[str, str]] = set()
+    for binding in rendered.all("RoleBinding"):
+        if not any(s["name"] == account for s in binding["subjects"]):
+            continue
+        namespace = binding["metadata"]["namespace"]
+        role = roles.get((namespace, binding["roleRef"]["name"]), {"rules": []})  # built-in: none
+        for rule in role["rules"]:
+            if resource in rule["resources"] and verb in rule["verbs"]:
+                found |= {(namespace, name) for name in rule.get("resourceNames", ["*"])}
+    return found
+
+
+def hook_command(rendered) -> argparse.Namespace:
+    """The hook Job's command line as `gpushare` itself parses it."""
+    from gpushare_cli.main import build_parser
+
+    spec = rendered.one("Job", HOOK)["spec"]["template"]["spec"]
+    c = container(spec, "uninstall-cleanup")
+    program, *argv = c["command"] + c.get("args", [])
+    scripts = tomllib.loads((CHART.parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts[program] == "gpushare_cli.main:main"
+    return build_parser().parse_args(argv)
+
+
+RENAMED_LEASES = {
+    "scheduler": {"leaderElection": {"resourceName": "gpu-sched", "resourceNamespace": "infra"}},
+    "extender": {"leaseName": "gpu-ext"},
+}
+
+
+def test_the_hook_runs_after_uninstall_with_its_rbac_first(default):
+    hooks = hook_objects(default)
+    assert {(o["kind"], o["metadata"]["name"]) for o in hooks} == {(k, HOOK) for k in HOOK_KINDS}
+    for obj in hooks:
+        annotations = obj["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "post-delete"
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/part-of"] == "gpushare"
+        assert labels["app.kubernetes.io/instance"] == "gs"
+        assert labels["app.kubernetes.io/component"] == "uninstall-cleanup"
+    weight = {o["kind"]: int(o["metadata"]["annotations"]["helm.sh/hook-weight"]) for o in hooks}
+    assert all(weight[kind] < weight["Job"] for kind in HOOK_KINDS - {"Job"})
+    assert hook_command(default).command == "uninstall-cleanup"
+
+
+@pytest.mark.parametrize(
+    "values", [{}, RENAMED_LEASES, VALUE_SETS["minimal"]], ids=["defaults", "renamed", "minimal"]
+)
+def test_the_hook_deletes_exactly_the_leases_the_scheduler_pod_may_hold(values):
+    """The scheduler pod's account (kube-scheduler and the extender) may write the
+    Leases its Role names; the hook's Role may delete those and no other, and the Job
+    names the same ones."""
+    rendered = render(values)
+    held = named_grants(rendered, f"{FULLNAME}-scheduler", "leases", "update")
+    election = scheduler_config(rendered)["leaderElection"]
+    assert (election["resourceNamespace"], election["resourceName"]) in held
+    assert len(held) == 2  # kube-scheduler's and the extender's
+    assert named_grants(rendered, HOOK, "leases", "delete") == held
+    assert {(o.namespace, o.name) for o in hook_command(rendered).lease} == held
+
+
+def test_the_hook_may_patch_nodes_and_nothing_else_cluster_wide(default):
+    assert default.one("ClusterRole", HOOK)["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}
+    ]
+    rules, builtin = granted(default, HOOK)
+    assert builtin == set()
+    assert not allows(rules, "delete", "leases", "coordination.k8s.io", "kube-scheduler")
+    assert not allows(rules, "patch", "pods") and not allows(rules, "get", "secrets")
+    assert named_grants(default, HOOK, "secrets", "delete") == set()
+    assert hook_command(default).secret == []
+
+
+@pytest.mark.parametrize("name", ["cert-manager", "cert-manager-own-issuer"])
+def test_with_cert_manager_the_hook_deletes_the_secret_it_leaves(name):
+    """cert-manager keeps a Certificate's Secret when the Certificate goes (unless its
+    controller runs with --enable-certificate-owner-ref); the chart's own Secret is a
+    release object, which Helm deletes."""
+    rendered = render(VALUE_SETS[name])
+    secret = (NAMESPACE, rendered.one("Certificate")["spec"]["secretName"])
+    assert named_grants(rendered, HOOK, "secrets", "delete") == {secret}
+    assert {(o.namespace, o.name) for o in hook_command(rendered).secret} == {secret}
+
+
+def test_the_hook_job_is_short_unprivileged_and_placed_like_the_scheduler():
+    tolerations = [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]
+    values = {
+        "scheduler": {"tolerations": tolerations, "nodeSelector": {"pool": "system"}},
+        "imagePullSecrets": [{"name": "registry"}],
+        "image": {"tag": "1.2.3", "pullPolicy": "Always"},
+    }
+    rendered = render(values)
+    job = rendered.one("Job", HOOK)["spec"]
+    assert 0 < job["backoffLimit"] <= 3 and 0 < job["activeDeadlineSeconds"] <= 300
+    spec = job["template"]["spec"]
+    scheduler = rendered.one("Deployment")["spec"]["template"]["spec"]
+    for key in ("tolerations", "nodeSelector", "imagePullSecrets"):
+        assert spec[key] == scheduler[key], key
+    assert spec["serviceAccountName"] == HOOK and spec["restartPolicy"] == "Never"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    c = container(spec, "uninstall-cleanup")
+    extender = container(scheduler, "extender")
+    assert (c["image"], c["imagePullPolicy"]) == (extender["image"], extender["imagePullPolicy"])
+    assert c["image"].endswith(":1.2.3")
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+
+
+def test_the_hook_is_off_by_the_value_and_without_rbac_brings_none():
+    assert hook_objects(render({"uninstallCleanup": {"enabled": False}})) == []
+    kinds = {o["kind"] for o in hook_objects(render({"rbac": {"create": False}}))}
+    assert kinds == {"ServiceAccount", "Job"}
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_nothing_is_kept_after_uninstall(values):
+    """helm.sh/resource-policy: keep would leave an object behind `helm uninstall`."""
+    for obj in render(values).objects:
+        annotations = obj["metadata"].get("annotations", {})
+        assert "helm.sh/resource-policy" not in annotations, obj["metadata"]["name"]
+
+
+def test_install_guide_says_what_the_uninstall_hook_removes(default):
+    from gpushare.inventory import NODE_GPUS_ANNOTATION
+
+    text = (CHART.parents[1] / "docs" / "install.md").read_text()
+    section = text.split("## Uninstall", 1)[1].split("\n## ", 1)[0]
+    said = [
+        NODE_GPUS_ANNOTATION,
+        "gpushare uninstall-cleanup",
+        "uninstallCleanup.enabled",
+        "--no-hooks",
+        "keep their GPUs",
+        *(name for _, name in named_grants(default, HOOK, "leases", "delete")),
+    ]
+    assert [s for s in said if s not in section] == []
 
 
 # ----- metrics and the dashboard

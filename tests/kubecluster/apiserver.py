@@ -2,10 +2,12 @@
 
 Backed by a MemoryCluster, so resourceVersions, watches from a version, 410 Gone
 after compaction, preconditions and "already assigned" behave as the API server's
-do. It records every request, and can be told to fail the next few.
+do. Leases and Secrets are plain stored objects (get, delete). It records every
+request, can be told to fail the next few, and to refuse some as RBAC would.
 """
 
 import json
+import re
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -47,6 +49,11 @@ class ApiServer:
         self.failures: list[int] = []
         """HTTP statuses to answer the next requests with, one each."""
         self.events: list[dict[str, Any]] = []
+        self.stored: dict[str, dict[str, Any]] = {}
+        """Leases and Secrets by their API path, e.g.
+        /apis/coordination.k8s.io/v1/namespaces/NS/leases/NAME."""
+        self.forbidden: dict[tuple[str, str], str] = {}
+        """(method, path) -> the message of the 403 Forbidden it is answered with."""
         self.watch_gate = threading.Event()
         """Cleared, new watch requests wait until it is set again."""
         self.watch_gate.set()
@@ -83,6 +90,14 @@ class ApiServer:
         path.write_text(yaml.safe_dump(kubeconfig))
         return path
 
+    def store(self, obj: dict[str, Any]) -> str:
+        """Keeps a Lease or Secret manifest; returns its API path."""
+        prefix, plural = _STORED_KINDS[obj["kind"]]
+        meta = obj["metadata"]
+        path = f"{prefix}/namespaces/{meta['namespace']}/{plural}/{meta['name']}"
+        self.stored[path] = obj
+        return path
+
     def seen(self, method: str, path_part: str = "") -> list[Seen]:
         return [r for r in self.requests if r.method == method and path_part in r.path]
 
@@ -94,6 +109,10 @@ class ApiServer:
             if self.failures:
                 code = self.failures.pop(0)
                 return code, status(code, "InternalError", f"injected failure {code}")
+        if (method, path) in self.forbidden:
+            return 403, status(403, "Forbidden", self.forbidden[method, path])
+        if _STORED.fullmatch(path):
+            return self._stored(method, path)
         if (query.get("watch") or [""])[0] == "true":
             self.watch_gate.wait(10)
         parts = path.strip("/").split("/")
@@ -169,6 +188,14 @@ class ApiServer:
             }
         return 405, status(405, "MethodNotAllowed", f"{method} pods/{'/'.join(sub)}")
 
+    def _stored(self, method: str, path: str):
+        if method not in ("GET", "DELETE"):
+            return 405, status(405, "MethodNotAllowed", f"{method} {path}")
+        if path not in self.stored:
+            plural, name = path.split("/")[-2:]
+            return 404, status(404, "NotFound", f'{plural} "{name}" not found')
+        return 200, self.stored[path] if method == "GET" else self.stored.pop(path)
+
     def _list(self, kind: str, listing) -> dict[str, Any]:
         return {
             "kind": kind,
@@ -185,6 +212,18 @@ class ApiServer:
         timer.daemon = True
         timer.start()
         return watch
+
+
+_STORED_KINDS = {
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
+    "Secret": ("/api/v1", "secrets"),
+}
+_STORED = re.compile(
+    "|".join(
+        f"{re.escape(prefix)}/namespaces/[^/]+/{plural}/[^/]+"
+        for prefix, plural in _STORED_KINDS.values()
+    )
+)
 
 
 class _Server(ThreadingHTTPServer):
@@ -260,5 +299,8 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
 
         def do_PATCH(self) -> None:
             self._serve("PATCH")
+
+        def do_DELETE(self) -> None:
+            self._serve("DELETE")
 
     return Handler

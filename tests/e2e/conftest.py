@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e import bridge
 from tests.e2e import local as local_tier
 from tests.e2e.kind import Kind, missing_prerequisites
 from tests.e2e.kube import ROOT, KubectlTarget, run, wait_for
@@ -188,3 +189,84 @@ def clean_workloads(local: local_tier.LocalCluster) -> Iterator[None]:
         "delete", "jobs,pods", "-l", WORKLOAD_LABEL, "--grace-period=0", "--force",
         "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150,
     )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def gpushare_image() -> object:
+    """The image the Dockerfile describes, built offline by scripts/build-image (once
+    per session: about a minute). Returns scripts/build_image.py's Image."""
+    reason = bridge.missing_image_prerequisites()
+    if reason:
+        pytest.skip(reason)
+    root = Path(os.environ.get("GPUSHARE_E2E_STATE_ROOT", "/tmp"))
+    builder = bridge.image_builder()
+    return builder.build(bridge.IMAGE, root / "gpushare-e2e-image" / "gpushare.tar")
+
+
+@pytest.fixture(scope="module", params=local_tier.sources() or [None], ids=_version_id)
+def chart_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[bridge.ChartCluster]:
+    """The local cluster in bridge mode with the chart installed by Helm, one per
+    Kubernetes version. It takes turns with `local` (one cluster per machine)."""
+    source: Path | None = request.param
+    reason = local_tier.missing_prerequisites(source)
+    if reason:
+        pytest.skip(reason)
+    assert source is not None
+    image = request.getfixturevalue("gpushare_image")
+    root = Path(os.environ.get("GPUSHARE_E2E_STATE_ROOT", "/tmp"))
+    bins = local_tier.binaries(source, root)
+    state = root / f"gpushare-chart-{bins.version}"
+    cluster = bridge.ChartCluster(
+        kubeconfig=state / "kubeconfig", state=state, bins=bins, image_archive=image.archive
+    )
+    _local_failures.clear()
+    started = time.monotonic()
+    try:
+        cluster.up()
+        print(
+            f"\nchart on local cluster {bins.version}: "
+            + ", ".join(f"{what} {seconds:.1f}s" for what, seconds in cluster.timings.items())
+        )
+        yield cluster
+    except BaseException:
+        _local_failures.append("chart cluster setup")
+        raise
+    finally:
+        if _local_failures:
+            logs = cluster.dump(tmp_path_factory.getbasetemp() / f"chart-{bins.version}")
+            print(f"\nchart-tier failures {_local_failures}: state and logs in {logs}")
+        if os.environ.get("GPUSHARE_E2E_KEEP") == "1":
+            print(f"\nGPUSHARE_E2E_KEEP=1: cluster left running; KUBECONFIG={cluster.kubeconfig}")
+        else:
+            cluster.down()
+        print(f"\nchart tier on {bins.version}: {time.monotonic() - started:.0f}s")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each Kubernetes version's clusters come up once: all tests on the host-process
+    cluster of a version, then all on its chart cluster, then the next version
+    (the two kinds of cluster take turns on this machine's fixed ports)."""
+
+    def turn(item: pytest.Item) -> tuple[str, int] | None:
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params if callspec is not None else {}
+        for kind, fixture in enumerate(("local", "chart_cluster")):
+            if fixture in params:
+                return (_version_id(params[fixture]), kind)
+        return None
+
+    slots = [n for n, item in enumerate(items) if turn(item) is not None]
+    ordered = sorted((items[n] for n in slots), key=lambda item: turn(item))  # type: ignore[arg-type,return-value]
+    for n, item in zip(slots, ordered, strict=True):
+        items[n] = item
+
+
+@pytest.fixture(autouse=True)
+def _cluster_is_up(request: pytest.FixtureRequest) -> None:
+    """A test of the host-process cluster never runs on one the chart tier took down."""
+    if "local" in request.fixturenames:
+        cluster = request.getfixturevalue("local")
+        assert cluster.is_up, f"the {cluster.version} cluster was taken down before this test"

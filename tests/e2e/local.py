@@ -61,6 +61,10 @@ WEBHOOK_KINDS: Final = {"ValidatingWebhookConfiguration", "MutatingWebhookConfig
 _CRI_LINE = re.compile(r"^\S+ (?:stdout|stderr) [FP] ?(.*)$")
 
 
+_running: "LocalCluster | None" = None
+"""The cluster up on this machine now, if any."""
+
+
 def scripts_dir() -> Path:
     default = ROOT.parent / "shared" / "realcluster"
     return Path(os.environ.get("GPUSHARE_E2E_REALCLUSTER", str(default)))
@@ -250,6 +254,10 @@ class LocalCluster(KubectlTarget):
     rendered: list[dict[str, Any]] = field(default_factory=list)
     ca_pem: bytes = b""
     timings: dict[str, float] = field(default_factory=dict)
+    pod_network: str = ""
+    """"" (no pod network: our parts as host processes) or "bridge" (real pod
+    addresses, Services' endpoints, ServiceAccount tokens: the chart's pods run)."""
+    is_up: bool = False
 
     @property
     def version(self) -> str:
@@ -277,15 +285,16 @@ class LocalCluster(KubectlTarget):
     def venv_bin(self) -> Path:
         return Path(sys.executable).parent
 
-    def script(self, name: str, timeout: float = 600, **env: str) -> str:
+    def script(self, name: str, *args: str, timeout: float = 600, **env: str) -> str:
         assert self.bins is not None
         result = run(
-            [str(self.scripts / name)],
+            [str(self.scripts / name), *args],
             env={
                 **os.environ,
                 "K": str(self.state),
                 "BIN": str(self.bins.directory),
                 "KUBECONFIG": str(self.kubeconfig),
+                **({"POD_NETWORK": self.pod_network} if self.pod_network else {}),
                 **env,
             },
             timeout=timeout,
@@ -295,20 +304,35 @@ class LocalCluster(KubectlTarget):
     # ----- the cluster
 
     def up(self) -> None:
+        global _running
+        if _running is not None and _running is not self:
+            # One cluster per machine (fixed ports): the tier's two kinds take turns.
+            _running.down()
+        _running = self
         started = time.monotonic()
         self.state.mkdir(parents=True, exist_ok=True)
-        self.script("prepare.sh")
-        self.script("up.sh", SCHED_CONFIG=str(SCHEDULER_CONFIG), NO_FAKE_DP="1", WITH_KCM="1")
+        self.is_up = True
+        self.start_cluster()
         self.timings["cluster up"] = time.monotonic() - started
         started = time.monotonic()
         self.install_gpushare()
         self.timings["gpushare up"] = time.monotonic() - started
 
+    def start_cluster(self) -> None:
+        self.script("prepare.sh")
+        self.script("up.sh", SCHED_CONFIG=str(SCHEDULER_CONFIG), NO_FAKE_DP="1", WITH_KCM="1")
+
     def down(self) -> None:
+        global _running
+        if not self.is_up:
+            return
         for process in (self.agent, self.plugin, self.extender, self.scheduler):
             if process is not None:
                 process.stop()
         self.script("down.sh", timeout=180)
+        self.is_up = False
+        if _running is self:
+            _running = None
 
     def restart_kubelet(self) -> None:
         self.script("restart-kubelet.sh", timeout=180)

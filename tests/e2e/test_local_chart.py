@@ -1,0 +1,163 @@
+"""`helm install` for real: the chart, our image and its pods on a real cluster.
+
+The local cluster in bridge mode (tests/e2e/bridge.py) on each Kubernetes version of
+the matrix; the image built offline by scripts/build-image, the chart installed,
+upgraded and uninstalled by Helm. The scenarios are tests/e2e/chart_scenarios.py,
+shared with the kind suite. They run in this file's order: install, workloads,
+failovers, the plugin's pod, upgrade, uninstall.
+"""
+
+import io
+import json
+import subprocess
+import tarfile
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e import chart_scenarios as scenario
+from tests.e2e.bridge import GPU_COUNT, ChartCluster
+from tests.e2e.chart_scenarios import Installed
+from tests.e2e.kube import ROOT
+from tests.e2e.local import GPU_SIZES
+from tests.e2e.workloads import WORKLOAD_LABEL, invalid_examples, valid_examples
+from tests.test_dockerfile import DOCKERFILE, parse
+
+pytestmark = [pytest.mark.realcluster, pytest.mark.timeout(900)]
+
+IMAGE_SIZE_LIMIT_MIB = 350
+SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+
+
+@pytest.fixture(scope="module")
+def installed(chart_cluster: ChartCluster) -> Installed:
+    return chart_cluster.installed()
+
+
+@pytest.fixture(autouse=True)
+def clean(chart_cluster: ChartCluster) -> Iterator[None]:
+    yield
+    chart_cluster.kubectl(
+        "delete", "jobs,pods", "-l", WORKLOAD_LABEL, "--grace-period=0", "--force",
+        "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150,
+    )  # fmt: skip
+
+
+def image_layer(archive: Path) -> tuple[dict[str, Any], tarfile.TarFile]:
+    with tarfile.open(archive) as outer:
+        index = json.load(outer.extractfile("index.json"))  # type: ignore[arg-type]
+
+        def blob(digest: str) -> bytes:
+            return outer.extractfile("blobs/sha256/" + digest.split(":")[1]).read()  # type: ignore[union-attr]
+
+        manifest = json.loads(blob(index["manifests"][0]["digest"]))
+        config = json.loads(blob(manifest["config"]["digest"]))
+        [layer] = manifest["layers"]
+        return config, tarfile.open(fileobj=io.BytesIO(blob(layer["digest"])))
+
+
+def test_the_image_built_offline_is_the_dockerfiles_and_small(gpushare_image: Any):
+    runtime = parse(DOCKERFILE.read_text())[-1]
+    config, layer = image_layer(gpushare_image.archive)
+    settings = config["config"]
+    assert settings["User"] == runtime.args("USER")[-1]
+    assert settings["Cmd"] == json.loads(runtime.args("CMD")[-1])
+    path = next(e for e in settings["Env"] if e.startswith("PATH="))
+    assert f"PATH={path.removeprefix('PATH=')}" in " ".join(runtime.args("ENV"))
+    names = set(layer.getnames())
+    venv = "opt/gpushare"
+    for script in SCRIPTS:
+        assert f"{venv}/bin/{script}" in names, f"{script} is not in the image"
+    site = f"{venv}/lib/python3.11/site-packages"
+    assert any(n.startswith(f"{site}/kube_gpushare-") and n.endswith(".dist-info") for n in names)
+    for absent in ("matplotlib", "numpy", "pip", "kubernetes/aio"):
+        assert f"{site}/{absent}" not in names, f"{absent} is in the image"
+    [copy] = [c for c in runtime.args("COPY") if c.startswith("examples ")]
+    examples = copy.split()[1].lstrip("/")
+    assert {f"{examples}/{p.name}" for p in (ROOT / "examples").glob("*.yaml")} <= names
+    size_mib = gpushare_image.layer_bytes / 2**20
+    print(f"\nimage: {size_mib:.0f} MiB unpacked")
+    assert size_mib <= IMAGE_SIZE_LIMIT_MIB
+
+
+def test_install_runs_every_component_and_advertises_the_gpus(installed: Installed):
+    scenario.components_run_and_gpus_are_advertised(installed, sum(GPU_SIZES), GPU_COUNT)
+
+
+def test_a_gpu_pod_runs_soon_after_install(installed: Installed):
+    took = scenario.first_gpu_pod_runs(installed)
+    print(f"\nhelm install -> first GPU pod Running: {took:.1f}s")
+
+
+@pytest.mark.parametrize("path", valid_examples(), ids=lambda p: p.stem)
+def test_each_example_runs_with_the_environment_its_annotation_names(
+    installed: Installed, path: Path
+):
+    scenario.example_runs_with_env_matching_annotation(installed, path)
+
+
+@pytest.mark.parametrize("path", invalid_examples(), ids=lambda p: p.stem)
+def test_the_webhook_behind_its_service_refuses_a_pod_naming_the_rule(
+    installed: Installed, path: Path
+):
+    scenario.invalid_example_is_refused_naming_the_rule(installed, path)
+
+
+@pytest.mark.parametrize("how", ["delete", "kill"])
+def test_the_standby_scheduler_binds_gpu_pods_when_the_leader_goes(installed: Installed, how):
+    failover = scenario.leader_failover(installed, how)
+    leaders = f"{failover.old_holder.split('_')[0]} -> {failover.new_holder.split('_')[0]}"
+    refused = ", ".join(f"{s:.1f}s" for s in failover.webhook_failures_s) or "none"
+    print(
+        f"\nleader {how}d ({leaders}): a GPU pod was bound {failover.bound_after_s:.1f}s after;"
+        f" webhook calls to the dead endpoint: {refused}"
+    )
+    if how == "delete":
+        # A deleted pod leaves the Service's endpoints at once: no call may fail.
+        assert failover.webhook_failures_s == []
+
+
+def test_the_plugins_pod_deleted_mid_admission_comes_back_and_loses_no_slice(
+    installed: Installed,
+):
+    running, rejected = scenario.plugin_pod_deleted_mid_admission(installed, sum(GPU_SIZES))
+    print(f"\nnode pod deleted mid-admission: {running} Running, {rejected} rejected and replaced")
+
+
+def previous_chart(into: Path) -> Path | None:
+    """helm/gpushare as the previous commit had it, or None without that history."""
+    probe = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", "HEAD~1"],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        return None
+    data = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "HEAD~1", "helm/gpushare"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(into, filter="data")
+    return into / "helm" / "gpushare"
+
+
+def test_helm_upgrade_from_the_previous_commits_chart_keeps_every_allocation(
+    installed: Installed, tmp_path: Path
+):
+    chart = previous_chart(tmp_path)
+    if chart is None:
+        pytest.skip(
+            "no previous commit in this checkout (a shallow clone): nothing to upgrade from"
+        )
+    took = scenario.upgrade_keeps_every_allocation(installed, chart)
+    print(f"\nhelm upgrade (every pod of ours replaced, --wait): {took:.1f}s")
+
+
+def test_helm_uninstall_leaves_nothing_of_ours(installed: Installed):
+    checked = scenario.uninstall_leaves_nothing_of_ours(installed)
+    assert len(checked) >= 10

@@ -115,6 +115,8 @@ class SchedulerCache:
         """Pods whose last filter answer refused every candidate node, key → UID, least
         recently refused first: those the requeue nudge asks kube-scheduler to retry."""
         self._freed: set[str] = set()
+        self.listed_waiting = False
+        """Set when a listing added waiting pods to `refused` (see _note_waiting)."""
         self.on_capacity_freed: Callable[[], None] = lambda: None
         """Called (with the lock held) when room appeared on a node while pods wait in
         `refused`: the requeue worker's wake-up (extender.requeue)."""
@@ -161,6 +163,7 @@ class SchedulerCache:
                 if not pod.is_finished:
                     self.pods[pod.key] = self._record(pod)
                     self._note_unserved(pod)
+                    self._note_waiting(pod)
             self.pods_synced = True
             self._rebuild()
             self._capacity_freed(self.nodes)
@@ -279,6 +282,28 @@ class SchedulerCache:
             for key in gone:
                 del self.refused[key]
             return nodes, waiting
+
+    def _note_waiting(self, pod: Pod) -> None:
+        """A listed pod waiting for our scheduler joins the pods to nudge: while the
+        extender was not there to answer (starting beside a kube-scheduler that already
+        leads, restarted after a crash, or its watch away), kube-scheduler may have
+        tried the pod, had its filter call fail, and parked it; 1.28 then retries it
+        only on some later event or the five-minute flush."""
+        if (
+            self.served_schedulers is not None
+            and pod.spec.scheduler_name in self.served_schedulers
+            and not pod.spec.node_name
+            and not pod.is_deleting
+            and requests_gpu(pod)
+        ):
+            self.refused[pod.key] = pod.metadata.uid
+            self.listed_waiting = True
+
+    def take_listed_waiting(self) -> bool:
+        """Whether pods joined the nudge because a listing showed them waiting (once)."""
+        with self.lock:
+            listed, self.listed_waiting = self.listed_waiting, False
+            return listed
 
     def forget_refused(self, pod_key: str, uid: str) -> None:
         """The API says the pod is gone."""

@@ -12,6 +12,12 @@ onto the pods still waiting: an update of the pod itself, which moves it back to
 the scheduler's active queue (kube-scheduler 1.28 requeues on any change outside
 status and the resourceVersion; 1.29+ with queueing hints on any event for a pod
 only an extender refused).
+
+The same nudge goes to every pod a listing of pods shows waiting for our scheduler
+(at start, or when the watch lists again): kube-scheduler may have tried them while
+the extender could not answer (a new pod whose kube-scheduler leads before its
+extender serves, an extender restarted after a crash), and parked them after the
+failed call.
 """
 
 import logging
@@ -82,7 +88,14 @@ class Requeuer(BackgroundWorker):
                 continue
             self._metrics.requeues.labels("requeued").inc()
             requeued += 1
-        if requeued:
+        if requeued and self._cache.take_listed_waiting():
+            log.info(
+                "requeued %d pods waiting for our scheduler, listed when the extender "
+                "(re)started watching: kube-scheduler may have tried them while the "
+                "extender could not answer",
+                requeued,
+            )
+        elif requeued:
             log.info(
                 "requeued %d pods refused earlier after GPU capacity freed on %s",
                 requeued,

@@ -189,3 +189,41 @@ def test_a_pod_gone_from_the_api_is_forgotten_quietly(cluster, scheduler_for, ca
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     metrics = scheduler.service.metrics.registry
     assert metrics.get_sample_value("gpushare_extender_requeues_total", {"result": "gone"}) == 1
+
+
+def named(p: Pod, scheduler_name: str) -> Pod:
+    return p.model_copy(
+        update={"spec": p.spec.model_copy(update={"scheduler_name": scheduler_name})}
+    )
+
+
+def test_pods_already_waiting_when_the_extender_starts_are_nudged(cluster, caplog):
+    """A new scheduler pod's kube-scheduler can lead before its extender serves (or the
+    extender restarts after a crash): filter calls fail meanwhile and kube-scheduler
+    1.28 parks the pod for up to five minutes. Once the extender has listed the pods,
+    it nudges those waiting for our scheduler, and no others."""
+    from extender.service import ExtenderConfig
+
+    cluster.add_node(gpu_node("n1", parse_layout("1x16GiB", "n1")))
+    cluster.create_pod(named(pod("early", mem=4), "gpushare-scheduler"))
+    cluster.create_pod(named(pod("ack-early", mem=4), "ack-co-scheduler"))
+    cluster.create_pod(named(pod("not-ours", mem=4), "default-scheduler"))
+    cluster.create_pod(named(pod("no-gpu"), "gpushare-scheduler"))
+    cluster.create_pod(named(pod("placed", mem=4, node="n1"), "gpushare-scheduler"))
+    cluster.create_pod(named(pod("leaving", mem=4), "gpushare-scheduler"))
+    cluster.begin_pod_deletion("default", "leaving")
+    caplog.set_level(logging.INFO, logger="extender.requeue")
+
+    scheduler = Scheduler(cluster, ExtenderConfig())
+    try:
+        wait_requeued(cluster, "early", "ack-early")
+        time.sleep(QUIET_S)
+        assert cluster.requeued == {"early": 1, "ack-early": 1}
+        assert "requeued 2 pods waiting for our scheduler" in caplog.text
+        # Afterwards only freed capacity nudges again, as before.
+        assert scheduler.filter(scheduler.cluster.get_pod("default", "early"))["NodeNames"] == [
+            "n1"
+        ]
+        assert "default/early" not in scheduler.service.cache.refused
+    finally:
+        scheduler.close()

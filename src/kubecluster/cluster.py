@@ -204,10 +204,11 @@ class KubeCluster:
         try:
             # The server answers with a Status, not a Binding: do not let the client
             # try to read it as one.
-            response = self.core.create_namespaced_pod_binding(
-                name, namespace, body, _preload_content=False
+            _discard(
+                self.core.create_namespaced_pod_binding(
+                    name, namespace, body, _preload_content=False
+                )
             )
-            response.release_conn()
         except ApiException as err:
             if err.status == 409:
                 raise self._binding_conflict(namespace, name, err) from err
@@ -255,8 +256,7 @@ class KubeCluster:
             reporting_component=EVENT_SOURCE,
         )
         try:
-            response = self.core.create_namespaced_event(namespace, event, _preload_content=False)
-            response.release_conn()
+            _discard(self.core.create_namespaced_event(namespace, event, _preload_content=False))
         except Exception as err:  # the API or the network; see the docstring
             log.warning("could not record event %s on %s %s: %s", reason, ref.kind, ref.name, err)
 
@@ -376,3 +376,11 @@ def _translate(err: ApiException, what: str) -> ClusterError:
     if err.status == 410:
         return Expired(message)
     return ClusterError(f"{message} (HTTP {err.status})")
+
+
+def _discard(response: Any) -> None:
+    """Reads an answer we do not decode, then hands its connection back: released
+    unread, the connection would be dropped (a new one for the next request) or, when
+    the body arrives late, garble the next answer read from it."""
+    response.drain_conn()
+    response.release_conn()

@@ -9,7 +9,6 @@ failovers, the plugin's pod, upgrade, uninstall.
 
 import io
 import json
-import subprocess
 import tarfile
 import tomllib
 from collections.abc import Iterator
@@ -21,14 +20,16 @@ import pytest
 from tests.e2e import chart_scenarios as scenario
 from tests.e2e.bridge import GPU_COUNT, ChartCluster
 from tests.e2e.chart_scenarios import Installed
+from tests.e2e.helm import previous_chart
 from tests.e2e.kube import ROOT
-from tests.e2e.local import GPU_SIZES
+from tests.e2e.local import GPU_SIZES, NODE
 from tests.e2e.workloads import WORKLOAD_LABEL, invalid_examples, valid_examples
 from tests.test_dockerfile import DOCKERFILE, parse
 
 pytestmark = [pytest.mark.realcluster, pytest.mark.timeout(900)]
 
 IMAGE_SIZE_LIMIT_MIB = 350
+DONE = {"delete": "pod deleted", "kill": "containers killed"}
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
@@ -112,7 +113,7 @@ def test_the_standby_scheduler_binds_gpu_pods_when_the_leader_goes(installed: In
     leaders = f"{failover.old_holder.split('_')[0]} -> {failover.new_holder.split('_')[0]}"
     refused = ", ".join(f"{s:.1f}s" for s in failover.webhook_failures_s) or "none"
     print(
-        f"\nleader {how}d ({leaders}): a GPU pod was bound {failover.bound_after_s:.1f}s after;"
+        f"\nleader {DONE[how]} ({leaders}): a GPU pod was bound {failover.bound_after_s:.1f}s after;"
         f" webhook calls to the dead endpoint: {refused}"
     )
     if how == "delete":
@@ -123,27 +124,8 @@ def test_the_standby_scheduler_binds_gpu_pods_when_the_leader_goes(installed: In
 def test_the_plugins_pod_deleted_mid_admission_comes_back_and_loses_no_slice(
     installed: Installed,
 ):
-    running, rejected = scenario.plugin_pod_deleted_mid_admission(installed, sum(GPU_SIZES))
+    running, rejected = scenario.plugin_pod_deleted_mid_admission(installed, NODE)
     print(f"\nnode pod deleted mid-admission: {running} Running, {rejected} rejected and replaced")
-
-
-def previous_chart(into: Path) -> Path | None:
-    """helm/gpushare as the previous commit had it, or None without that history."""
-    probe = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", "HEAD~1"],
-        capture_output=True,
-        text=True,
-    )
-    if probe.returncode != 0:
-        return None
-    data = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "HEAD~1", "helm/gpushare"],
-        capture_output=True,
-        check=True,
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(into, filter="data")
-    return into / "helm" / "gpushare"
 
 
 def test_helm_upgrade_from_the_previous_commits_chart_keeps_every_allocation(

@@ -59,6 +59,8 @@ class ApiServer:
         self.watch_gate.set()
         self._watches: set = set()
         self._lock = threading.Lock()
+        self.connections = 0
+        """TCP connections accepted: a client that reuses its connections opens few."""
         self.httpd = _Server(("127.0.0.1", 0), _handler(self))
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
@@ -246,6 +248,11 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
 
         def log_message(self, *args: Any) -> None:
             pass
+
+        def setup(self) -> None:
+            super().setup()
+            with api._lock:
+                api.connections += 1
 
         def _serve(self, method: str) -> None:
             url = urlparse(self.path)

@@ -142,6 +142,18 @@ def test_binding_sets_the_node_and_merges_annotations(memory, api, kube):
     assert sent.body["target"] == {"apiVersion": "v1", "kind": "Node", "name": "n1"}
 
 
+def test_binds_and_events_leave_their_connection_clean_for_the_next_request(memory, api, kube):
+    """Their answer is not decoded, but it must be read: a connection handed back with
+    the body unread is either dropped (a new connection per bind) or, if the body
+    arrives late, gives the next request on it a garbled status line."""
+    for i in range(5):
+        created = memory.create_pod(pod(f"p{i}", mem=1))
+        kube.bind_pod("default", f"p{i}", "n1", created.metadata.uid)
+        kube.record_event(ObjectRef.of_pod(created), EventSeverity.NORMAL, "Test", "bound")
+        assert kube.get_pod("default", f"p{i}").spec.node_name == "n1"
+    assert api.connections == 1
+
+
 def test_binding_a_bound_pod_says_where_it_is(memory, api, kube):
     created = memory.create_pod(pod("a", mem=1))
     memory.bind_pod("default", "a", "n2")

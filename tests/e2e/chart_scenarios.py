@@ -227,12 +227,13 @@ def _admission_failures(pods: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def plugin_pod_deleted_mid_admission(installed: Installed, gpu_mem: int) -> tuple[int, int]:
-    """A Job's pods are being admitted when the node pod is deleted: the DaemonSet
-    brings it back, it registers again, every pod of the Job runs with its slice, and
-    pods the kubelet rejected meanwhile hold none. Returns (running, rejected)."""
-    [node_pod] = installed.component_pods("node")[:1]
-    node = node_pod["spec"]["nodeName"]
+def plugin_pod_deleted_mid_admission(installed: Installed, node: str) -> tuple[int, int]:
+    """A Job's pods are being admitted on `node` (one that isolates compute) when its
+    node pod is deleted: the DaemonSet brings it back, it registers again, every pod of
+    the Job runs with its slice, and pods the kubelet rejected meanwhile hold none.
+    Returns (running, rejected)."""
+    [node_pod] = [p for p in installed.component_pods("node") if p["spec"]["nodeName"] == node]
+    gpu_mem = installed.allocatable(node, "aliyun.com/gpu-mem")
     template = installed.gpu_pod("mid", 2, 10)
     job = {
         "apiVersion": "batch/v1",
@@ -261,11 +262,12 @@ def plugin_pod_deleted_mid_admission(installed: Installed, gpu_mem: int) -> tupl
         return pods if len(running) == 10 and not unsettled else None
 
     pods = wait_for("the Job's ten pods Running", settled, timeout=240, every=1)
-    [back] = installed.ready_component("node", len(installed.nodes))[:1]
-    assert back["metadata"]["uid"] != node_pod["metadata"]["uid"]
+    back = installed.ready_component("node", len(installed.nodes))
+    [again] = [p for p in back if p["spec"]["nodeName"] == node]
+    assert again["metadata"]["uid"] != node_pod["metadata"]["uid"]
     wait_for(
         "the node to advertise its GPUs again",
-        lambda: installed.allocatable(node, "aliyun.com/gpu-mem") == str(gpu_mem),
+        lambda: installed.allocatable(node, "aliyun.com/gpu-mem") == gpu_mem,
         timeout=60,
         every=0.5,
     )
@@ -294,6 +296,14 @@ def _roll(values: dict[str, Any], revision: str) -> dict[str, Any]:
     return rolled
 
 
+def _webhook_ca_bundles(installed: Installed) -> list[str]:
+    kinds = "validatingwebhookconfigurations,mutatingwebhookconfigurations"
+    configs = installed.target.get(kinds, "-l", PART_OF)["items"]
+    bundles = [h["clientConfig"]["caBundle"] for c in configs for h in c["webhooks"]]
+    assert bundles, "no webhook configuration of ours"
+    return bundles
+
+
 def upgrade_keeps_every_allocation(installed: Installed, previous_chart: Path) -> float:
     """GPU pods started under the previous commit's chart keep their slices through
     `helm upgrade` to this chart, which replaces every pod of ours; afterwards a new
@@ -307,10 +317,13 @@ def upgrade_keeps_every_allocation(installed: Installed, previous_chart: Path) -
     old_ours = {p["metadata"]["uid"] for c in ("node", "scheduler")
                 for p in installed.component_pods(c)}  # fmt: skip
     revision = installed.release.revision()
+    ca_bundles = _webhook_ca_bundles(installed)
     started = time.monotonic()
     installed.release.upgrade(_roll(installed.values, "current"))
     took = time.monotonic() - started
     assert installed.release.revision() == revision + 1
+    # The chart `lookup`s its webhook Secret: an upgrade keeps the certificate.
+    assert _webhook_ca_bundles(installed) == ca_bundles
     replicas = installed.values.get("scheduler", {}).get("replicas", 2)
     new_ours = {
         p["metadata"]["uid"]

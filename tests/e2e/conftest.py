@@ -26,6 +26,8 @@ import pytest
 
 from tests.e2e import bridge
 from tests.e2e import local as local_tier
+from tests.e2e.chart_scenarios import Installed
+from tests.e2e.helm import HelmRelease
 from tests.e2e.kind import Kind, missing_prerequisites
 from tests.e2e.kube import ROOT, KubectlTarget, run, wait_for
 from tests.e2e.workloads import IMAGE, WORKLOAD_LABEL
@@ -55,6 +57,8 @@ class Deployed:
     """The cluster (a kind one, or any cluster GPUSHARE_E2E_KUBECONFIG names)."""
     workers: dict[str, str]
     """Worker node name -> the ack.node.gpu.schedule mode it was given."""
+    installed: Installed | None = None
+    """The release this suite installed (None on a cluster it did not install)."""
 
 
 @pytest.fixture(scope="session")
@@ -112,15 +116,13 @@ def install(kind: Kind) -> Deployed:
     for node, mode in modes.items():
         kind.kubectl("label", "node", node, f"ack.node.gpu.schedule={mode}", "--overwrite")
     repository, tag = IMAGE.rsplit(":", 1)
-    kind.helm(
-        "upgrade", "--install", RELEASE, str(ROOT / "helm" / "gpushare"),
-        "--namespace", SYSTEM_NAMESPACE, "--create-namespace",
-        "--set", "gpu.backend=mock", "--set", f"gpu.mockGpus={MOCK_GPUS}",
-        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-        "--set", "image.pullPolicy=Never",
-        "--wait", "--timeout", "10m",
-        timeout=900,
-    )  # fmt: skip
+    values = {
+        "gpu": {"backend": "mock", "mockGpus": MOCK_GPUS},
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+    }
+    release = HelmRelease(kind.kubeconfig, RELEASE, SYSTEM_NAMESPACE, timeout_s=600)
+    installed_at = time.monotonic()
+    release.install_or_upgrade(values)
     for node in modes:
         wait_for(
             f"node {node} to advertise aliyun.com/gpu-mem",
@@ -129,7 +131,17 @@ def install(kind: Kind) -> Deployed:
             ),
             timeout=300,
         )
-    return Deployed(kind, modes)
+    installed = Installed(
+        target=kind,
+        release=release,
+        values=values,
+        nodes=sorted(modes),
+        image=IMAGE,
+        pull_policy="Never",
+        kill_containers=kind.kill_containers,
+        installed_at=installed_at,
+    )
+    return Deployed(kind, modes, installed)
 
 
 def venv_bin() -> Path:

@@ -2,8 +2,10 @@
 installed, otherwise Helm's Go SDK through helm-python-sdk (the same install, upgrade
 and uninstall actions, hooks, `lookup` and release history, without the binary)."""
 
+import io
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +16,25 @@ import yaml
 from tests.e2e.kube import ROOT, run
 
 CHART = ROOT / "helm" / "gpushare"
+
+
+def previous_chart(into: Path) -> Path | None:
+    """helm/gpushare as the previous commit had it, or None without that history."""
+    probe = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", "HEAD~1"],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        return None
+    data = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "HEAD~1", "helm/gpushare"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(into, filter="data")
+    return into / "helm" / "gpushare"
 
 
 @dataclass
@@ -32,6 +53,16 @@ class HelmRelease:
 
     def upgrade(self, values: dict[str, Any], chart: Path = CHART) -> None:
         self._apply("upgrade", chart, values)
+
+    def exists(self) -> bool:
+        if self.uses_cli:
+            listed = self._cli("list", "-q", "--filter", f"^{self.name}$").stdout
+            return self.name in listed.split()
+        with self._sdk() as config:
+            return any(r["name"] == self.name for r in config.list())
+
+    def install_or_upgrade(self, values: dict[str, Any]) -> None:
+        (self.upgrade if self.exists() else self.install)(values)
 
     def uninstall(self) -> None:
         if self.uses_cli:

@@ -5,6 +5,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.e2e.kube import ROOT, KubectlTarget, run
 
@@ -50,6 +51,16 @@ class Kind(KubectlTarget):
 
     def load_image(self, image: str) -> None:
         run(["kind", "load", "docker-image", image, "--name", self.name], timeout=600)
+
+    def kill_containers(self, pod: dict[str, Any]) -> list[str]:
+        """SIGKILL every container of the pod, through the node's CRI (no grace)."""
+        node = pod["spec"]["nodeName"]
+        killed = []
+        for status in pod["status"]["containerStatuses"]:
+            container_id = status["containerID"].split("://", 1)[1]
+            run(["docker", "exec", node, "crictl", "stop", "--timeout", "0", container_id])
+            killed.append(status["name"])
+        return killed
 
     def dump(self, into: Path, namespaces: dict[str, str]) -> Path:
         """Everything needed to see why a test failed, one file per command; `namespaces`

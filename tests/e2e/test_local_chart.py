@@ -113,8 +113,8 @@ def test_the_standby_scheduler_binds_gpu_pods_when_the_leader_goes(installed: In
     leaders = f"{failover.old_holder.split('_')[0]} -> {failover.new_holder.split('_')[0]}"
     refused = ", ".join(f"{s:.1f}s" for s in failover.webhook_failures_s) or "none"
     print(
-        f"\nleader {DONE[how]} ({leaders}): a GPU pod was bound {failover.bound_after_s:.1f}s after;"
-        f" webhook calls to the dead endpoint: {refused}"
+        f"\nleader {DONE[how]} ({leaders}): a GPU pod was bound"
+        f" {failover.bound_after_s:.1f}s after; webhook calls to the dead endpoint: {refused}"
     )
     if how == "delete":
         # A deleted pod leaves the Service's endpoints at once: no call may fail.

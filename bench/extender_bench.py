@@ -27,9 +27,9 @@ from typing import Any
 
 import httpx
 
-from extender.server import HttpServer
-from extender.service import ExtenderConfig, ExtenderService
 from gpushare.cluster.memory import MemoryCluster, gpu_node
+from gpushare.extender.server import HttpServer
+from gpushare.extender.service import ExtenderConfig, ExtenderService
 from gpushare.inventory import parse_layout
 from gpushare.objects import Pod
 

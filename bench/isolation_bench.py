@@ -25,15 +25,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpushare.isolation.agent import AgentConfig, IsolationAgent
+from gpushare.isolation.backends.mock import Demand, MemoryStep, MockBackend, share_gpu
+from gpushare.isolation.backends.port import GIB
+from gpushare.isolation.clock import SimulatedClock, SystemClock
+from gpushare.isolation.control import ControlTree
+from gpushare.isolation.policy import Policy
+from gpushare.isolation.scenario import Workload, place
 from gpushare.labels import NodeMode
-from gpushare_cli.table import render
-from isolation.agent import AgentConfig, IsolationAgent
-from isolation.backends.mock import Demand, MemoryStep, MockBackend, share_gpu
-from isolation.backends.port import GIB
-from isolation.clock import SimulatedClock, SystemClock
-from isolation.control import ControlTree
-from isolation.policy import Policy
-from isolation.scenario import Workload, place
+from gpushare.table import render
 
 SECONDS = 60.0
 TOLERANCE_PP = 3.0

@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpushare.cli.main import main as gpushare
 from gpushare.policies import OUR_POLICY
-from gpushare_cli.main import main as gpushare
 
 BUDGET_S = 300
 CALIBRATION = {"fgd": (4.6, 4.95), "bestfit": (6.9, 7.4)}

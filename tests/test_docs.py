@@ -48,10 +48,10 @@ def test_relative_links_resolve(page: Path):
 
 def _exported_metric_names() -> set[str]:
     """Every series name the three components can export, from their own registries."""
-    from deviceplugin.metrics import PluginMetrics
-    from extender.cache import SchedulerCache
-    from extender.metrics import ExtenderMetrics
-    from isolation.metrics import AgentMetrics
+    from gpushare.deviceplugin.metrics import PluginMetrics
+    from gpushare.extender.cache import SchedulerCache
+    from gpushare.extender.metrics import ExtenderMetrics
+    from gpushare.isolation.metrics import AgentMetrics
 
     plugin = PluginMetrics("node")
     plugin.watch_gpus(lambda: (), lambda: [])

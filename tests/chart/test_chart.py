@@ -519,7 +519,7 @@ def profile_names(rendered) -> list[str]:
 
 def served_by_extender(rendered) -> tuple[str, ...]:
     """The names the extender serves, parsed by the extender from the chart's flags."""
-    from extender.main import build_parser, config_from
+    from gpushare.extender.main import build_parser, config_from
 
     spec = rendered.one("Deployment")["spec"]["template"]["spec"]
     argv = [f"{k}={v}" for k, v in flags(container(spec, "extender")).items()
@@ -999,13 +999,13 @@ def named_grants(rendered, account: str, resource: str, verb: str) -> set[tuple[
 
 def hook_command(rendered) -> argparse.Namespace:
     """The hook Job's command line as `gpushare` itself parses it."""
-    from gpushare_cli.main import build_parser
+    from gpushare.cli.main import build_parser
 
     spec = rendered.one("Job", HOOK)["spec"]["template"]["spec"]
     c = container(spec, "uninstall-cleanup")
     program, *argv = c["command"] + c.get("args", [])
     scripts = tomllib.loads((CHART.parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts[program] == "gpushare_cli.main:main"
+    assert scripts[program] == "gpushare.cli.main:main"
     return build_parser().parse_args(argv)
 
 
@@ -1243,18 +1243,18 @@ def test_notes_say_how_to_label_a_node_and_what_to_put_in_a_pod(default):
 # The flags each entry point promises (the team's contract); the chart may use no other.
 CONTRACT_FLAGS = {
     "gpushare-device-plugin": (
-        "deviceplugin.main",
+        "gpushare.deviceplugin.main",
         {"--node-name", "--backend", "--mock-gpus", "--gpu-memory-rounding", "--device-plugin-dir",
          "--pod-resources-socket", "--kubeconfig", "--metrics-port", "--log-level", "--dev-root"},
     ),
     "gpushare-extender": (
-        "extender.main",
+        "gpushare.extender.main",
         {"--host", "--port", "--url-prefix", "--webhook-port", "--tls-cert-file",
          "--tls-key-file", "--scheduler-name", "--extra-scheduler-names", "--default-placement",
          "--max-pods-per-gpu", "--kubeconfig", "--log-level"},
     ),
     "gpushare-isolation": (
-        "isolation.main",
+        "gpushare.isolation.main",
         {"--node-name", "--backend", "--mock-gpus", "--gpu-memory-rounding", "--control-dir",
          "--proc-root", "--cgroup-root", "--metrics-port", "--memory-action", "--log-level"},
     ),

@@ -5,12 +5,12 @@ import sys
 
 import pytest
 
-from gpushare_cli.main import main
+from gpushare.cli.main import main
 
 
 def test_help_lists_the_subcommands():
     result = subprocess.run(
-        [sys.executable, "-m", "gpushare_cli.main", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "gpushare.cli.main", "--help"], capture_output=True, text=True
     )
     assert result.returncode == 0
     assert "demo" in result.stdout

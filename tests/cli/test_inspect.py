@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from gpushare import annotation
+from gpushare.cli import inspect
 from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.cluster.port import NotFound
 from gpushare.inventory import parse_layout
@@ -14,7 +15,6 @@ from gpushare.placement import choose_node, to_allocation
 from gpushare.policies import policy_for
 from gpushare.request import parse_pod_request
 from gpushare.state import ClusterState
-from gpushare_cli import inspect
 from tests.builders import T0, container, pod
 from tests.kubecluster.apiserver import ApiServer
 
@@ -173,7 +173,7 @@ def test_an_empty_cluster_prints_zero_totals():
 
 def test_help_explains_the_arguments():
     result = subprocess.run(
-        [sys.executable, "-m", "gpushare_cli.inspect", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "gpushare.cli.inspect", "--help"], capture_output=True, text=True
     )
     assert result.returncode == 0
     for flag in ("NODE", "--details", "--kubeconfig"):
@@ -196,9 +196,9 @@ class _FakeKubeCluster:
 def kube(monkeypatch, cluster):
     _FakeKubeCluster.opened = []
     _FakeKubeCluster.cluster = cluster
-    module = type(sys)("kubecluster")
+    module = type(sys)("gpushare.kubecluster")
     module.KubeCluster = _FakeKubeCluster
-    monkeypatch.setitem(sys.modules, "kubecluster", module)
+    monkeypatch.setitem(sys.modules, "gpushare.kubecluster", module)
     return _FakeKubeCluster
 
 

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import grpc
 
-from deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
-from deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from deviceplugin.kubelet import KubeletStandIn
-from deviceplugin.mock import MockBackend
-from deviceplugin.plugin import DevicePlugin, PluginConfig
-from deviceplugin.registration import SOCKET_NAMES
 from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster.memory import MemoryCluster, gpu_node
+from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
+from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from gpushare.deviceplugin.kubelet import KubeletStandIn
+from gpushare.deviceplugin.mock import MockBackend
+from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
+from gpushare.deviceplugin.registration import SOCKET_NAMES
 from gpushare.inventory import node_gpus, parse_layout
 from gpushare.objects import Pod
 from gpushare.placement import Assignment, to_allocation

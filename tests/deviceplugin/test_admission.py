@@ -4,8 +4,8 @@ from datetime import timedelta
 
 import pytest
 
-from deviceplugin.admission import AdmissionQueue, NoMatch
 from gpushare import annotation
+from gpushare.deviceplugin.admission import AdmissionQueue, NoMatch
 from gpushare.inventory import NodeGpus, parse_layout
 from gpushare.labels import NodeMode, PlacementMode
 from gpushare.objects import Pod

@@ -3,8 +3,8 @@
 import grpc
 import pytest
 
-from deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
-from deviceplugin.kubelet import AdmissionFailed
+from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
+from gpushare.deviceplugin.kubelet import AdmissionFailed
 from gpushare.environment import (
     CGPU_DISABLE,
     CONTAINER,

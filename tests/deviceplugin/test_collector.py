@@ -5,7 +5,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from deviceplugin.collector import CollectorHold
+from gpushare.deviceplugin.collector import CollectorHold
 from gpushare.resources import GPU_MEM
 from tests.deviceplugin.rig import eventually
 

@@ -11,12 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
-from deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from deviceplugin.informer import RETRY_MAX
-from deviceplugin.worker import start_daemon
 from gpushare.cluster import ClusterError
 from gpushare.cluster.memory import MemoryCluster, MemoryWatch
+from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
+from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from gpushare.deviceplugin.informer import RETRY_MAX
+from gpushare.deviceplugin.worker import start_daemon
 from gpushare.environment import POD
 from gpushare.resources import GPU_COUNT, GPU_MEM
 from tests.deviceplugin.rig import WAIT, Rig, allocate, eventually, plugin_client
@@ -120,7 +120,7 @@ def test_an_allocate_the_watch_never_shows_a_pod_for_is_refused_at_the_deadline(
     started = time.monotonic()
 
     with (
-        caplog.at_level(logging.WARNING, logger="deviceplugin"),
+        caplog.at_level(logging.WARNING, logger="gpushare.deviceplugin"),
         pytest.raises(grpc.RpcError) as refused,
     ):
         allocate(rig, GPU_MEM, _ids(rig, 2))
@@ -142,7 +142,7 @@ def test_get_preferred_allocation_without_a_pod_answers_no_preference_at_the_dea
     rig = make_rig(layout="2x16GiB", answer_within=1.0).start()
     started = time.monotonic()
 
-    with caplog.at_level(logging.WARNING, logger="deviceplugin"):
+    with caplog.at_level(logging.WARNING, logger="gpushare.deviceplugin"):
         assert _preferred(rig, _ids(rig, 4), 2) == []
 
     assert time.monotonic() - started < rig.answer_within + WAIT
@@ -249,7 +249,7 @@ def test_a_background_thread_that_dies_says_so(caplog):
     def broken() -> None:
         raise RuntimeError("a bug")
 
-    with caplog.at_level(logging.CRITICAL, logger="deviceplugin"):
+    with caplog.at_level(logging.CRITICAL, logger="gpushare.deviceplugin"):
         start_daemon("doomed", broken).join(WAIT)
 
     assert "background thread doomed died" in caplog.text

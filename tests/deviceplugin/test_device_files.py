@@ -3,9 +3,9 @@ backend's choice of files, on a fake /dev, behind mock GPUs."""
 
 from pathlib import Path
 
-from deviceplugin.gpus import DeviceNode, PhysicalGpu
-from deviceplugin.mock import MockBackend
-from deviceplugin.nvml import NvmlBackend
+from gpushare.deviceplugin.gpus import DeviceNode, PhysicalGpu
+from gpushare.deviceplugin.mock import MockBackend
+from gpushare.deviceplugin.nvml import NvmlBackend
 from gpushare.inventory import Gpu
 from gpushare.resources import GPU_CORE
 
@@ -89,7 +89,7 @@ def test_the_memory_answer_carries_the_files_of_the_containers_gpus(make_rig, tm
 
 
 def test_the_dev_root_flag_and_env_reach_the_backend(tmp_path, monkeypatch):
-    from deviceplugin.main import build_backend, build_parser
+    from gpushare.deviceplugin.main import build_backend, build_parser
 
     monkeypatch.delenv("GPUSHARE_DRIVER_ROOT", raising=False)
     monkeypatch.delenv("GPUSHARE_DEV_ROOT", raising=False)
@@ -106,7 +106,7 @@ def test_the_dev_root_flag_and_env_reach_the_backend(tmp_path, monkeypatch):
 
 def test_the_start_line_names_the_dev_root_and_what_it_holds(tmp_path, caplog):
     """What docs/install.md tells an operator to look for in the plugin's log."""
-    from deviceplugin.main import _device_files
+    from gpushare.deviceplugin.main import _device_files
 
     dev = _fake_dev(tmp_path / "dev")
     assert _device_files(NvmlBackend(dev_root=dev)) == (

@@ -1,6 +1,6 @@
 """Fake device IDs and which of them to prefer."""
 
-from deviceplugin.devices import (
+from gpushare.deviceplugin.devices import (
     MAX_ID_LENGTH,
     DeviceCatalog,
     DeviceId,

@@ -3,7 +3,7 @@ written (after the answer has left), and survive a restart."""
 
 from pathlib import Path
 
-from deviceplugin.journal import Grant, GrantJournal
+from gpushare.deviceplugin.journal import Grant, GrantJournal
 from gpushare.resources import GPU_MEM
 
 

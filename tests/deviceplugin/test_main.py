@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.kubelet import KubeletStandIn
-from deviceplugin.main import build_parser, main, run
 from gpushare.cluster.memory import MemoryCluster, gpu_node
+from gpushare.deviceplugin.kubelet import KubeletStandIn
+from gpushare.deviceplugin.main import build_parser, main, run
 from gpushare.inventory import parse_layout
 from gpushare.resources import GPU_COUNT, GPU_MEM
 from tests.deviceplugin.rig import WAIT, eventually
@@ -45,6 +45,15 @@ class KubeCluster:
         return cluster
 """
 
+RUN_WITH_FAKE_KUBECLUSTER = """
+import runpy, sys, types
+
+fake = types.ModuleType("gpushare.kubecluster")
+fake.KubeCluster = KubeCluster
+sys.modules["gpushare.kubecluster"] = fake
+runpy.run_module("gpushare.deviceplugin.main", run_name="__main__", alter_sys=True)
+"""
+
 
 def test_help_explains_every_flag(capsys):
     with pytest.raises(SystemExit) as exited:
@@ -59,7 +68,7 @@ def test_help_explains_every_flag(capsys):
 
 def test_the_console_script_is_declared():
     [script] = entry_points(group="console_scripts", name="gpushare-device-plugin")
-    assert script.value == "deviceplugin.main:main"
+    assert script.value == "gpushare.deviceplugin.main:main"
 
 
 def test_flags_default_to_the_environment(monkeypatch):
@@ -163,7 +172,7 @@ def test_run_logs_its_configuration_and_serves_metrics(short_tmp, caplog):
     stop = threading.Event()
     runner = threading.Thread(target=run, args=(args, cluster, stop))
     try:
-        with caplog.at_level(logging.INFO, logger="deviceplugin"):
+        with caplog.at_level(logging.INFO, logger="gpushare.deviceplugin"):
             runner.start()
             assert kubelet.wait_for(lambda: kubelet.registered() == {GPU_MEM, GPU_COUNT}, WAIT)
             # The plugin counts a registration once the kubelet's answer is back.
@@ -213,16 +222,16 @@ def test_a_busy_metrics_port_is_reported(short_tmp, caplog):
 
 
 def test_the_process_registers_and_stops_cleanly_on_sigterm(short_tmp):
-    (short_tmp / "fake" / "kubecluster").mkdir(parents=True)
-    (short_tmp / "fake" / "kubecluster" / "__init__.py").write_text(FAKE_KUBECLUSTER)
+    # The plugin's own main module, run as a process, over an in-memory cluster.
+    runner = short_tmp / "run_plugin.py"
+    runner.write_text(FAKE_KUBECLUSTER + RUN_WITH_FAKE_KUBECLUSTER)
     kubelet = KubeletStandIn(short_tmp / "dp")
     kubelet.start()
-    env = {**os.environ, "PYTHONPATH": str(short_tmp / "fake"), "NODE_NAME": "n1"}
+    env = {**os.environ, "NODE_NAME": "n1"}
     process = subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "deviceplugin.main",
+            str(runner),
             "--backend=mock",
             "--mock-gpus=1x8GiB",
             f"--device-plugin-dir={short_tmp / 'dp'}",
@@ -253,7 +262,7 @@ def test_once_synced_the_start_up_objects_leave_the_collectors_full_passes(
     cluster = MemoryCluster()
     cluster.add_node(gpu_node("n1", parse_layout("1x8GiB", "n1")))
     frozen = threading.Event()
-    monkeypatch.setattr("deviceplugin.main.gc.freeze", frozen.set)
+    monkeypatch.setattr("gpushare.deviceplugin.main.gc.freeze", frozen.set)
     args = build_parser().parse_args(
         [
             "--node-name=n1",
@@ -264,7 +273,7 @@ def test_once_synced_the_start_up_objects_leave_the_collectors_full_passes(
         ]
     )
     stop = threading.Event()
-    with caplog.at_level(logging.INFO, logger="deviceplugin"):
+    with caplog.at_level(logging.INFO, logger="gpushare.deviceplugin"):
         runner = threading.Thread(target=run, args=(args, cluster, stop))
         runner.start()
         try:

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from deviceplugin.mock import MockBackend
+from gpushare.deviceplugin.mock import MockBackend
 from gpushare.inventory import parse_layout
 from tests.deviceplugin.rig import eventually
 

@@ -70,7 +70,7 @@ def test_mode_and_isolation_label_change_the_environment_of_later_containers(mak
 
 
 def test_an_unlabelled_node_says_why_it_advertises_nothing(make_rig, caplog):
-    with caplog.at_level(logging.INFO, logger="deviceplugin"):
+    with caplog.at_level(logging.INFO, logger="gpushare.deviceplugin"):
         make_rig(mode=None).start()
 
     assert "node mode is unset: advertising nothing" in caplog.text
@@ -79,7 +79,7 @@ def test_an_unlabelled_node_says_why_it_advertises_nothing(make_rig, caplog):
 def test_a_wrong_node_name_is_reported_and_nothing_is_advertised(make_rig, caplog):
     rig = make_rig()
     rig.node = "not-this-one"
-    with caplog.at_level(logging.WARNING, logger="deviceplugin"):
+    with caplog.at_level(logging.WARNING, logger="gpushare.deviceplugin"):
         rig.start()
 
     assert "node not-this-one is not in the cluster" in caplog.text

@@ -6,11 +6,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from deviceplugin.kubelet import KubeletStandIn
-from deviceplugin.nvml import NvmlBackend
-from deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpushare import annotation
 from gpushare.cluster.memory import MemoryCluster, gpu_node
+from gpushare.deviceplugin.kubelet import KubeletStandIn
+from gpushare.deviceplugin.nvml import NvmlBackend
+from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpushare.environment import NVIDIA_VISIBLE_DEVICES
 from gpushare.inventory import node_gpus
 from gpushare.placement import Assignment, to_allocation

@@ -5,12 +5,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from deviceplugin.api.kubelet.podresources.v1 import api_pb2 as pr
-from deviceplugin.api.kubelet.podresources.v1 import api_pb2_grpc as pr_grpc
-from deviceplugin.podresources import holdings, list_pod_resources
-from deviceplugin.reconcile import EVENT_REASON
 from gpushare import annotation
 from gpushare.cluster import EventSeverity
+from gpushare.deviceplugin.api.kubelet.podresources.v1 import api_pb2 as pr
+from gpushare.deviceplugin.api.kubelet.podresources.v1 import api_pb2_grpc as pr_grpc
+from gpushare.deviceplugin.podresources import holdings, list_pod_resources
+from gpushare.deviceplugin.reconcile import EVENT_REASON
 from gpushare.environment import MEM_IDX, NVIDIA_VISIBLE_DEVICES, POD
 from gpushare.resources import GPU_CORE, GPU_MEM, MANAGED_RESOURCES
 from tests.deviceplugin.rig import WAIT, eventually

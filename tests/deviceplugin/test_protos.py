@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from google.protobuf import descriptor_pool
 
-from deviceplugin import protogen
-from deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
-from deviceplugin.api.kubelet.podresources.v1 import api_pb2 as pr
+from gpushare.deviceplugin import protogen
+from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
+from gpushare.deviceplugin.api.kubelet.podresources.v1 import api_pb2 as pr
 
-SOURCE_ROOT = Path(protogen.__file__).resolve().parents[1]
+SOURCE_ROOT = Path(protogen.__file__).resolve().parents[2]
 
 
 def test_committed_stubs_equal_a_fresh_generation(tmp_path):
@@ -20,7 +20,7 @@ def test_committed_stubs_equal_a_fresh_generation(tmp_path):
 
     committed = sorted(
         p.relative_to(SOURCE_ROOT)
-        for p in (SOURCE_ROOT / "deviceplugin/api").rglob("*")
+        for p in (SOURCE_ROOT / "gpushare/deviceplugin/api").rglob("*")
         if p.suffix in (".py", ".pyi")
     )
     assert generated == committed
@@ -29,8 +29,8 @@ def test_committed_stubs_equal_a_fresh_generation(tmp_path):
 
 
 def test_the_two_api_files_are_registered_under_distinct_paths():
-    assert dp.DESCRIPTOR.name == "deviceplugin/api/kubelet/deviceplugin/v1beta1/api.proto"
-    assert pr.DESCRIPTOR.name == "deviceplugin/api/kubelet/podresources/v1/api.proto"
+    assert dp.DESCRIPTOR.name == "gpushare/deviceplugin/api/kubelet/deviceplugin/v1beta1/api.proto"
+    assert pr.DESCRIPTOR.name == "gpushare/deviceplugin/api/kubelet/podresources/v1/api.proto"
     pool = descriptor_pool.Default()
     assert pool.FindMessageTypeByName("v1beta1.TopologyInfo") is not pool.FindMessageTypeByName(
         "v1.TopologyInfo"

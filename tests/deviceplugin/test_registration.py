@@ -5,7 +5,7 @@ import os
 import stat
 import time
 
-from deviceplugin.registration import SOCKET_NAMES
+from gpushare.deviceplugin.registration import SOCKET_NAMES
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
 from tests.deviceplugin.rig import WAIT, eventually
 
@@ -67,7 +67,7 @@ def test_registration_waits_for_the_kubelet_and_happens_once_it_appears(make_rig
     rig = make_rig()
     rig.kubelet.plugin_dir.mkdir(parents=True)
     plugin = rig.plugin = rig.new_plugin()
-    with caplog.at_level(logging.WARNING, logger="deviceplugin"):
+    with caplog.at_level(logging.WARNING, logger="gpushare.deviceplugin"):
         plugin.start()
         assert plugin.wait_synced(WAIT)
         assert eventually(lambda: "waiting for the kubelet: no" in caplog.text)

@@ -17,7 +17,7 @@ def scheduler_for(cluster: MemoryCluster) -> Iterator:
     started: list[Scheduler] = []
 
     def start(**config) -> Scheduler:
-        from extender.service import ExtenderConfig
+        from gpushare.extender.service import ExtenderConfig
 
         scheduler = Scheduler(cluster, ExtenderConfig(**config))
         started.append(scheduler)

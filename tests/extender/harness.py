@@ -7,11 +7,11 @@ from typing import Any
 
 import httpx
 
-from extender.server import HttpServer
-from extender.service import ExtenderConfig, ExtenderService
 from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster.memory import MemoryCluster
+from gpushare.extender.server import HttpServer
+from gpushare.extender.service import ExtenderConfig, ExtenderService
 from gpushare.objects import Pod
 
 PREFIX = "/gpushare-scheduler"

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from extender.argsreader import ExtenderArgsReader
-from extender.wire import ExtenderArgs, WireError, parse
+from gpushare.extender.argsreader import ExtenderArgsReader
+from gpushare.extender.wire import ExtenderArgs, WireError, parse
 from tests.builders import pod
 from tests.extender.harness import pod_json
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from extender.cache import SchedulerCache
 from gpushare import annotation
 from gpushare.cluster import EventType
+from gpushare.extender.cache import SchedulerCache
 from gpushare.objects import PodStatus
 from gpushare.placement import to_allocation
 from tests.builders import T0, being_deleted, node, pod, request

@@ -1,11 +1,11 @@
 """The demo's extender stage: admission through the webhook, placement through the
 scheduler stand-in, all over HTTP on loopback."""
 
-from extender.demo import ExtenderStage
-from extender.schedulerstandin import SchedulerStandIn
+from gpushare.cli.main import main
 from gpushare.cluster.memory import MemoryCluster
+from gpushare.extender.demo import ExtenderStage
+from gpushare.extender.schedulerstandin import SchedulerStandIn
 from gpushare.objects import Pod
-from gpushare_cli.main import main
 from tests.builders import node, pod
 
 

@@ -2,7 +2,7 @@
 
 import random
 
-from extender.fittable import Answers
+from gpushare.extender.fittable import Answers
 
 RULES = ["insufficient-gpu-memory", "placement-mode", "too-many-pods"]
 

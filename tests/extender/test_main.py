@@ -13,8 +13,8 @@ import httpx
 import pytest
 import yaml
 
-from extender.main import build_parser, config_from, main
 from gpushare.cluster.memory import MemoryCluster
+from gpushare.extender.main import build_parser, config_from, main
 from tests.builders import node
 from tests.extender.tls import self_signed
 from tests.kubecluster.apiserver import ApiServer
@@ -37,7 +37,7 @@ FLAGS = [
 
 def test_help_explains_every_flag():
     result = subprocess.run(
-        [sys.executable, "-m", "extender.main", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "gpushare.extender.main", "--help"], capture_output=True, text=True
     )
     assert result.returncode == 0
     for flag in FLAGS:
@@ -126,7 +126,7 @@ def test_it_starts_against_a_cluster_logs_its_configuration_and_serves(tmp_path:
         [
             sys.executable,
             "-m",
-            "extender.main",
+            "gpushare.extender.main",
             "--host",
             "127.0.0.1",
             "--port",

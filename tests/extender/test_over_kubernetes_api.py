@@ -10,13 +10,13 @@ from contextlib import contextmanager
 import httpx
 from kubernetes import client
 
-from extender.app import BINDS_AT_ONCE
-from extender.requeue import REQUEUED_AT_ANNOTATION
-from extender.server import HttpServer
-from extender.service import API_CONNECTIONS, ExtenderConfig, ExtenderService
 from gpushare import annotation
 from gpushare.cluster.memory import MemoryCluster
-from kubecluster import KubeCluster
+from gpushare.extender.app import BINDS_AT_ONCE
+from gpushare.extender.requeue import REQUEUED_AT_ANNOTATION
+from gpushare.extender.server import HttpServer
+from gpushare.extender.service import API_CONNECTIONS, ExtenderConfig, ExtenderService
+from gpushare.kubecluster import KubeCluster
 from tests.builders import node, pod
 from tests.extender.harness import PREFIX, pod_json, wait_until
 from tests.kubecluster.apiserver import ApiServer

@@ -45,7 +45,7 @@ def test_the_default_policy_is_a_flag(cluster, scheduler_for):
 
 
 def test_an_unknown_default_policy_stops_the_extender(cluster):
-    from extender.service import ExtenderConfig, ExtenderService
+    from gpushare.extender.service import ExtenderConfig, ExtenderService
 
     with pytest.raises(ValueError, match=r"known: .*binpack"):
         ExtenderService(cluster, ExtenderConfig(default_placement="tetris"))

@@ -11,9 +11,9 @@ from dataclasses import replace
 
 import pytest
 
-from extender.requeue import LINGER_S, REQUEUED_AT_ANNOTATION
 from gpushare.cluster import NotFound
 from gpushare.cluster.memory import MemoryCluster, gpu_node
+from gpushare.extender.requeue import LINGER_S, REQUEUED_AT_ANNOTATION
 from gpushare.inventory import NODE_GPUS_ANNOTATION, encode_gpus, parse_layout
 from gpushare.labels import LABEL_PLACEMENT
 from gpushare.objects import Pod
@@ -87,7 +87,7 @@ def test_a_pod_refused_everywhere_is_requeued_once_a_gpu_pod_leaves(
     waiter = refused(scheduler, "waiter")
     answer = scheduler.filter(waiter)
     assert "[insufficient-gpu-memory]" in answer["FailedNodes"]["n1"]
-    caplog.set_level(logging.INFO, logger="extender.requeue")
+    caplog.set_level(logging.INFO, logger="gpushare.extender.requeue")
 
     cluster.begin_pod_deletion("default", "fill-0")  # still runs on its GPU: no room yet
     time.sleep(QUIET_S)
@@ -177,7 +177,7 @@ def test_a_pod_gone_from_the_api_is_forgotten_quietly(cluster, scheduler_for, ca
     refused(scheduler, "ghost")
     refused(scheduler, "waiter")
     cluster.missing.add("ghost")  # deleted, and the watch has not said so yet
-    caplog.set_level(logging.INFO, logger="extender.requeue")
+    caplog.set_level(logging.INFO, logger="gpushare.extender.requeue")
 
     cluster.delete_pod("default", "fill-0")
     wait_requeued(cluster, "ghost", "waiter")
@@ -202,7 +202,7 @@ def test_pods_already_waiting_when_the_extender_starts_are_nudged(cluster, caplo
     extender restarts after a crash): filter calls fail meanwhile and kube-scheduler
     1.28 parks the pod for up to five minutes. Once the extender has listed the pods,
     it nudges those waiting for our scheduler, and no others."""
-    from extender.service import ExtenderConfig
+    from gpushare.extender.service import ExtenderConfig
 
     cluster.add_node(gpu_node("n1", parse_layout("1x16GiB", "n1")))
     cluster.create_pod(named(pod("early", mem=4), "gpushare-scheduler"))
@@ -212,7 +212,7 @@ def test_pods_already_waiting_when_the_extender_starts_are_nudged(cluster, caplo
     cluster.create_pod(named(pod("placed", mem=4, node="n1"), "gpushare-scheduler"))
     cluster.create_pod(named(pod("leaving", mem=4), "gpushare-scheduler"))
     cluster.begin_pod_deletion("default", "leaving")
-    caplog.set_level(logging.INFO, logger="extender.requeue")
+    caplog.set_level(logging.INFO, logger="gpushare.extender.requeue")
 
     scheduler = Scheduler(cluster, ExtenderConfig())
     try:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extender.main import build_parser, config_from
+from gpushare.extender.main import build_parser, config_from
 from gpushare.resources import ACK_SCHEDULER_NAME, MANAGED_RESOURCES, SCHEDULER_NAME
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "kube-scheduler-config.yaml"

@@ -4,10 +4,10 @@ Warning event on the pod itself, where `kubectl describe pod` shows it."""
 
 import logging
 
-from extender.cache import SchedulerCache
-from extender.unserved import SCHEDULER_NOT_SERVED
 from gpushare.cluster import ClusterError, EventSeverity, EventType, ObjectRef
 from gpushare.cluster.memory import MemoryCluster, RecordedEvent
+from gpushare.extender.cache import SchedulerCache
+from gpushare.extender.unserved import SCHEDULER_NOT_SERVED
 from gpushare.objects import Pod, PodStatus
 from tests.builders import being_deleted, pod
 from tests.extender.harness import Scheduler, wait_until
@@ -133,7 +133,7 @@ class RefusingCluster(MemoryCluster):
 
 def test_an_event_the_api_refuses_is_logged_and_the_worker_goes_on(caplog):
     refusing = RefusingCluster()
-    caplog.set_level(logging.INFO, logger="extender.unserved")
+    caplog.set_level(logging.INFO, logger="gpushare.extender.unserved")
     scheduler = Scheduler(refusing)
     try:
         refusing.create_pod(named("nobody-scheduler", "refused"))

@@ -6,13 +6,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from gpushare.isolation.agent import AgentConfig, IsolationAgent
+from gpushare.isolation.backends.mock import MockBackend, MockContainer
+from gpushare.isolation.clock import SimulatedClock
+from gpushare.isolation.control import ControlTree
+from gpushare.isolation.metrics import AgentMetrics
+from gpushare.isolation.scenario import Node, Workload, place
 from gpushare.labels import NodeMode
-from isolation.agent import AgentConfig, IsolationAgent
-from isolation.backends.mock import MockBackend, MockContainer
-from isolation.clock import SimulatedClock
-from isolation.control import ControlTree
-from isolation.metrics import AgentMetrics
-from isolation.scenario import Node, Workload, place
 
 NODE = "gpu-node-1"
 """The node name the rig's agent reports in its metrics."""

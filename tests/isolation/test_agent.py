@@ -4,13 +4,13 @@ import logging
 
 import pytest
 
+from gpushare.isolation.agent import IsolationAgent, MemoryAction
+from gpushare.isolation.backends.mock import Demand, MemoryStep, MockContainer
+from gpushare.isolation.backends.port import GIB
+from gpushare.isolation.control import ControlTree
+from gpushare.isolation.policy import Policy
+from gpushare.isolation.scenario import Workload, place
 from gpushare.labels import NodeMode
-from isolation.agent import IsolationAgent, MemoryAction
-from isolation.backends.mock import Demand, MemoryStep, MockContainer
-from isolation.backends.port import GIB
-from isolation.control import ControlTree
-from isolation.policy import Policy
-from isolation.scenario import Workload, place
 from tests.isolation.rig import NODE, SLICE, rig
 
 
@@ -103,7 +103,7 @@ def test_an_allocation_past_the_cap_is_acted_on_within_one_poll(tmp_path, caplog
             Workload("leaky", 2, memory=(MemoryStep(0, GIB), MemoryStep(over_at, 3 * GIB))),
         ],
     )
-    with caplog.at_level(logging.WARNING, logger="isolation"):
+    with caplog.at_level(logging.WARNING, logger="gpushare.isolation"):
         r.agent.run(duration_s=3)
     [kill] = r.backend.kills
     assert kill.container_id == r.key("leaky")
@@ -130,7 +130,7 @@ def test_report_only_logs_and_counts_once_per_episode(tmp_path, caplog):
         [Workload("leaky", 2, memory=(MemoryStep(0.5, 3 * GIB),))],
         memory_action=MemoryAction.REPORT,
     )
-    with caplog.at_level(logging.WARNING, logger="isolation"):
+    with caplog.at_level(logging.WARNING, logger="gpushare.isolation"):
         r.agent.run(duration_s=2)
     assert r.backend.kills == []
     assert caplog.text.count("memory cap exceeded") == 1
@@ -230,7 +230,7 @@ def test_settings_written_to_the_tree_survive_an_agent_restart(tmp_path, caplog)
     r.write(f"{r.container_dir('b')}/weight", "3\n")
     r.agent.tick()
     restarted = IsolationAgent(r.backend, ControlTree(r.root), r.clock, r.agent.config)
-    with caplog.at_level(logging.INFO, logger="isolation"):
+    with caplog.at_level(logging.INFO, logger="gpushare.isolation"):
         restarted.tick()
     assert "kept from an earlier run" in caplog.text
     assert restarted.settings(0).policy is Policy.WEIGHTED
@@ -260,7 +260,7 @@ def test_a_failing_tick_thaws_everyone_and_the_agent_carries_on(tmp_path, caplog
         real_hold(frozen)
 
     r.backend.hold = hold
-    with caplog.at_level(logging.INFO, logger="isolation"):
+    with caplog.at_level(logging.INFO, logger="gpushare.isolation"):
         r.agent.run(duration_s=0.6)
     assert frozen_seen[:3] == [frozenset()] * 3
     assert any(frozen_seen[3:])

@@ -1,7 +1,7 @@
 """Freezing and thawing on fake cgroup trees; signals recorded, never sent."""
 
-from isolation.backends.cgroupfs import FreezeMethod, Freezer
-from isolation.backends.procfs import CgroupRef, ProcessTable
+from gpushare.isolation.backends.cgroupfs import FreezeMethod, Freezer
+from gpushare.isolation.backends.procfs import CgroupRef, ProcessTable
 from tests.isolation.fakes import CONTAINERD_ID, POD_UID, Signals, add_cgroup, add_process
 
 V2_PATH = f"/kubepods/burstable/pod{POD_UID}/{CONTAINERD_ID}"

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from isolation.agent import REFRESH_S
-from isolation.backends.port import GIB
-from isolation.control import (
+from gpushare.isolation.agent import REFRESH_S
+from gpushare.isolation.backends.port import GIB
+from gpushare.isolation.control import (
     ContainerEntry,
     ControlTree,
     GpuEntry,
@@ -16,8 +16,8 @@ from isolation.control import (
     TreeContent,
     render,
 )
-from isolation.policy import Policy
-from isolation.scenario import Workload
+from gpushare.isolation.policy import Policy
+from gpushare.isolation.scenario import Workload
 from tests.isolation.rig import NODE, SLICE, rig
 
 CID = "c" * 64
@@ -185,7 +185,7 @@ def test_invalid_gpu_writes_are_refused_and_the_old_value_restored(
     r.agent.tick()
     old = r.read(path)
     r.write(path, text)
-    with caplog.at_level(logging.WARNING, logger="isolation"):
+    with caplog.at_level(logging.WARNING, logger="gpushare.isolation"):
         # Settings are read every slice; read-only files are checked once a second.
         r.agent.run(duration_s=REFRESH_S + SLICE)
     assert r.read(path) == old
@@ -223,7 +223,7 @@ def test_invalid_weight_writes_are_refused(tmp_path, caplog, text, reason):
     r.agent.tick()
     path = f"{r.container_dir('a')}/weight"
     r.write(path, text)
-    with caplog.at_level(logging.WARNING, logger="isolation"):
+    with caplog.at_level(logging.WARNING, logger="gpushare.isolation"):
         r.agent.tick()
     assert r.read(path) == "1\n"
     assert reason in caplog.text
@@ -234,7 +234,7 @@ def test_highprio_takes_only_zero_or_one(tmp_path, caplog):
     r.agent.tick()
     path = f"{r.container_dir('a')}/highprio"
     r.write(path, "2\n")
-    with caplog.at_level(logging.WARNING, logger="isolation"):
+    with caplog.at_level(logging.WARNING, logger="gpushare.isolation"):
         r.agent.tick()
     assert r.read(path) == "0\n"
     assert "highprio must be 0 or 1" in caplog.text
@@ -244,7 +244,7 @@ def test_max_inst_cannot_drop_below_the_weight_in_use(tmp_path, caplog):
     r = rig(tmp_path, [Workload("a", 2, weight=3), Workload("b", 2, weight=2)])
     r.agent.tick()
     r.write("0/max_inst", "4\n")
-    with caplog.at_level(logging.WARNING, logger="isolation"):
+    with caplog.at_level(logging.WARNING, logger="gpushare.isolation"):
         r.agent.tick()
     assert r.read("0/max_inst") == "16\n"
     assert "below the 5 weight units" in caplog.text
@@ -260,7 +260,7 @@ def test_read_only_container_files_are_restored(tmp_path, caplog):
     path = f"{r.container_dir('a')}/memsize"
     old = r.read(path)
     r.write(path, "1\n")
-    with caplog.at_level(logging.WARNING, logger="isolation"):
+    with caplog.at_level(logging.WARNING, logger="gpushare.isolation"):
         r.agent.run(duration_s=REFRESH_S + SLICE)
     assert r.read(path) == old
     assert "memsize is read-only" in caplog.text

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpushare import environment
-from isolation.main import main
+from gpushare.isolation.main import main
 from tests.isolation.fakes import CONTAINERD_ID, add_process, systemd_path
 
 FLAGS = [
@@ -112,7 +112,7 @@ def test_the_agent_runs_on_mock_gpus_with_pods_found_in_proc(tmp_path):
     control = tmp_path / "cgpu"
     port = free_port()
     command = [
-        *(sys.executable, "-m", "isolation.main", "--backend", "mock"),
+        *(sys.executable, "-m", "gpushare.isolation.main", "--backend", "mock"),
         *("--mock-gpus", "2x16GiB", "--node-name", "kind-worker"),
         *("--control-dir", str(control), "--proc-root", str(proc)),
         *("--metrics-port", str(port), "--slice-ms", "50"),
@@ -127,7 +127,7 @@ def test_the_agent_runs_on_mock_gpus_with_pods_found_in_proc(tmp_path):
         assert 'gpushare_isolation_gpu_policy{gpu="1",node="kind-worker"} 3.0' in metrics
         assert "gpushare_isolation_memory_cap_bytes" in metrics
         smi = subprocess.run(
-            [sys.executable, "-m", "isolation.smi", "--control-dir", str(control)],
+            [sys.executable, "-m", "gpushare.isolation.smi", "--control-dir", str(control)],
             capture_output=True,
             text=True,
             check=True,

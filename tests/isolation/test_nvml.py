@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from gpushare import environment
-from isolation.backends.cgroupfs import FreezeMethod
-from isolation.backends.nvml import NvmlBackend
-from isolation.backends.port import GIB
-from isolation.clock import SimulatedClock, SystemClock
-from isolation.workload import group_containers
+from gpushare.isolation.backends.cgroupfs import FreezeMethod
+from gpushare.isolation.backends.nvml import NvmlBackend
+from gpushare.isolation.backends.port import GIB
+from gpushare.isolation.clock import SimulatedClock, SystemClock
+from gpushare.isolation.workload import group_containers
 from tests.isolation.fakes import (
     CONTAINERD_ID,
     CRIO_ID,
@@ -169,7 +169,7 @@ def test_a_proc_root_without_the_gpu_processes_is_reported(tmp_path, caplog):
     (tmp_path / "proc").mkdir()
     nvml = FakeNvml(gpus=[{"uuid": "GPU-b", "name": "T4", "mem": GIB, "processes": {77: GIB}}])
     backend = NvmlBackend(tmp_path / "proc", tmp_path / "cg", SimulatedClock(), nvml=nvml)
-    with caplog.at_level(logging.WARNING, logger="isolation"):
+    with caplog.at_level(logging.WARNING, logger="gpushare.isolation"):
         backend.observe()
         backend.observe()
     assert caplog.text.count("none of them readable") == 1

@@ -19,15 +19,15 @@ import pytest
 
 from gpushare import environment
 from gpushare.inventory import MemoryRounding
-from isolation import smi
-from isolation.agent import AgentConfig, IsolationAgent
-from isolation.backends.nvml import NvmlBackend
-from isolation.backends.port import GIB, container_key
-from isolation.backends.procfs import parse_cgroup
-from isolation.clock import SystemClock
-from isolation.control import ControlTree
-from isolation.main import build_backend, build_parser, config_from, summary
-from isolation.metrics import AgentMetrics
+from gpushare.isolation import smi
+from gpushare.isolation.agent import AgentConfig, IsolationAgent
+from gpushare.isolation.backends.nvml import NvmlBackend
+from gpushare.isolation.backends.port import GIB, container_key
+from gpushare.isolation.backends.procfs import parse_cgroup
+from gpushare.isolation.clock import SystemClock
+from gpushare.isolation.control import ControlTree
+from gpushare.isolation.main import build_backend, build_parser, config_from, summary
+from gpushare.isolation.metrics import AgentMetrics
 from tests.deviceplugin.rig import WAIT, eventually
 from tests.fakenvml import (
     MIB,
@@ -204,7 +204,7 @@ def test_a_process_over_its_cap_is_killed_within_a_slice_or_two(driver, spawn, t
         FakeProcess(neighbour.pid, 2 * GIB, sm_percent=20),  # at its cap, not over
     ]
     driver.write()
-    with caplog.at_level(logging.WARNING, logger="isolation"), running_agent(tmp_path):
+    with caplog.at_level(logging.WARNING, logger="gpushare.isolation"), running_agent(tmp_path):
         assert eventually(lambda: (tmp_path / "cgpu" / "inst_ctl").exists())
         driver.world.gpus[0].processes[0].used_bytes = 3 * GIB
         driver.write()
@@ -263,7 +263,7 @@ def test_an_agent_started_on_its_own_finds_the_fake_through_its_environment(spaw
     leaky = spawn("ml/leaky", cap_gib=1)
     control = tmp_path / "cgpu"
     command = [
-        *(sys.executable, "-m", "isolation.main", "--backend", "nvml", "--node-name", "n"),
+        *(sys.executable, "-m", "gpushare.isolation.main", "--backend", "nvml", "--node-name", "n"),
         *("--control-dir", str(control), "--cgroup-root", str(tmp_path / "cgroup")),
         *("--metrics-port", "0", "--slice-ms", "50"),
     ]

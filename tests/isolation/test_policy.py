@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from isolation.policy import (
+from gpushare.isolation.policy import (
     InvalidSetting,
     Policy,
     grant_weights,

@@ -3,7 +3,7 @@
 import pytest
 
 from gpushare import environment
-from isolation.backends.procfs import ProcessTable, parse_cgroup, parse_environ
+from gpushare.isolation.backends.procfs import ProcessTable, parse_cgroup, parse_environ
 from tests.isolation.fakes import CONTAINERD_ID, CRIO_ID, POD_UID, add_process, systemd_path
 
 

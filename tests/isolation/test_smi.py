@@ -6,12 +6,12 @@ import sys
 
 import pytest
 
-from isolation import smi
-from isolation.backends.mock import MemoryStep
-from isolation.backends.port import GIB
-from isolation.control import ControlTree
-from isolation.policy import Policy
-from isolation.scenario import Workload
+from gpushare.isolation import smi
+from gpushare.isolation.backends.mock import MemoryStep
+from gpushare.isolation.backends.port import GIB
+from gpushare.isolation.control import ControlTree
+from gpushare.isolation.policy import Policy
+from gpushare.isolation.scenario import Workload
 from tests.isolation.rig import rig
 from tests.isolation.test_control import CID, content
 
@@ -63,7 +63,7 @@ def test_json_carries_the_same_figures(tmp_path, capsys):
 def test_the_control_dir_comes_from_the_environment(tmp_path):
     ControlTree(tmp_path).publish(content())
     result = subprocess.run(
-        [sys.executable, "-m", "isolation.smi", "--json"],
+        [sys.executable, "-m", "gpushare.isolation.smi", "--json"],
         capture_output=True,
         text=True,
         env={"GPUSHARE_CONTROL_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
@@ -93,7 +93,7 @@ def test_a_plain_cgpu_tree_without_gpushare_files_still_lists_containers(tmp_pat
 
 def test_help_explains_the_flags(capsys):
     result = subprocess.run(
-        [sys.executable, "-m", "isolation.smi", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "gpushare.isolation.smi", "--help"], capture_output=True, text=True
     )
     assert result.returncode == 0
     assert "--control-dir" in result.stdout and "--json" in result.stdout

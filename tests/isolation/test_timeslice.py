@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from isolation.clock import SimulatedClock
-from isolation.policy import GpuSettings, Policy
-from isolation.timeslice import (
+from gpushare.isolation.clock import SimulatedClock
+from gpushare.isolation.policy import GpuSettings, Policy
+from gpushare.isolation.timeslice import (
     SliceKind,
     Tenant,
     TimeSliceScheduler,

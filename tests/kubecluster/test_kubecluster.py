@@ -19,7 +19,7 @@ from gpushare.cluster import (
     ObjectRef,
 )
 from gpushare.cluster.memory import MemoryCluster
-from kubecluster import KubeCluster
+from gpushare.kubecluster import KubeCluster
 from tests.builders import node, pod
 from tests.kubecluster.apiserver import ApiServer
 

@@ -12,11 +12,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from nvmllib import DRIVER_ROOT_ENV, LIBRARY, LIBRARY_DIRS, library_in, load_from_driver_root
+from gpushare.nvmllib import (
+    DRIVER_ROOT_ENV,
+    LIBRARY,
+    LIBRARY_DIRS,
+    library_in,
+    load_from_driver_root,
+)
 from tests.fakenvml import FakeGpu, World, compiler, fake_nvml_or_skip, write_world
 
 CHECK = (
-    "from nvmllib import load_from_driver_root; load_from_driver_root(); "
+    "from gpushare.nvmllib import load_from_driver_root; load_from_driver_root(); "
     "import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlDeviceGetCount())"
 )
 """The check docs/install.md gives for every setup, gpu.driverRoot included."""
@@ -97,11 +103,11 @@ def test_the_documented_check_counts_the_gpus_through_the_driver_root(tmp_path):
 
 
 def test_both_entry_points_load_through_the_driver_root_before_nvml(tmp_path, monkeypatch):
-    from deviceplugin.main import build_backend as plugin_backend
-    from deviceplugin.main import build_parser as plugin_parser
-    from isolation.clock import SystemClock
-    from isolation.main import build_backend as agent_backend
-    from isolation.main import build_parser as agent_parser
+    from gpushare.deviceplugin.main import build_backend as plugin_backend
+    from gpushare.deviceplugin.main import build_parser as plugin_parser
+    from gpushare.isolation.clock import SystemClock
+    from gpushare.isolation.main import build_backend as agent_backend
+    from gpushare.isolation.main import build_parser as agent_parser
 
     monkeypatch.setenv(DRIVER_ROOT_ENV, str(tmp_path / "empty"))
     expected = f"{DRIVER_ROOT_ENV}={tmp_path / 'empty'} holds no {LIBRARY}"

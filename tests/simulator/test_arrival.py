@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from simulator.arrival import arrivals
+from gpushare.simulator.arrival import arrivals
 from tests.simulator.traces import tiny
 
 NODES = [("n1", 64000, 262144, 2, "T4"), ("n2", 64000, 262144, 2, "T4"), ("n3", 1, 1, 1, "P100")]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gpushare_cli.main import build_parser, main
+from gpushare.cli.main import build_parser, main
 from tests.simulator.traces import subsample
 
 
@@ -91,9 +91,7 @@ def test_output_files_that_cannot_be_written_are_refused_before_the_run(
     assert len(err.strip().splitlines()) == 1
 
 
-def test_a_plot_without_matplotlib_names_the_extra_before_the_run(
-    capsys, tmp_path, monkeypatch
-):
+def test_a_plot_without_matplotlib_names_the_extra_before_the_run(capsys, tmp_path, monkeypatch):
     # The image installs no matplotlib: `--plot` there must say how to get it, at once.
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     argv = ["--plot", str(tmp_path / "r.png"), "--nodes", str(tmp_path / "none.csv")]

@@ -6,9 +6,9 @@ from hypothesis import strategies as st
 
 from gpushare.fragmentation import device, free_milli
 from gpushare.placement import Assignment
+from gpushare.simulator.run import InfeasiblePlacement, Ledger
+from gpushare.simulator.trace import TraceNode, TracePod
 from gpushare.state import GpuView
-from simulator.run import InfeasiblePlacement, Ledger
-from simulator.trace import TraceNode, TracePod
 
 NODE = TraceNode("n", cpu_milli=8000, memory_mib=4096, gpus=2, model="T4")
 

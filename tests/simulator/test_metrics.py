@@ -2,9 +2,9 @@
 
 import pytest
 
-from simulator.metrics import Recorder
-from simulator.run import PolicyChoice, simulate, target_workload
-from simulator.trace import PodClass
+from gpushare.simulator.metrics import Recorder
+from gpushare.simulator.run import PolicyChoice, simulate, target_workload
+from gpushare.simulator.trace import PodClass
 from tests.simulator.traces import tiny
 
 TWO_ONE_GPU_NODES = [("a", 32000, 65536, 1, "T4"), ("b", 32000, 65536, 1, "T4")]
@@ -65,7 +65,7 @@ def test_cpu_only_pods_arrive_without_gpu_and_fail_on_cpu(tmp_path):
 
 
 def test_the_recorder_bins_events_by_rounded_arrival():
-    from simulator.trace import TracePod
+    from gpushare.simulator.trace import TracePod
 
     share = TracePod("s", 1000, 1024, 1, 500, None)
     whole = TracePod("w", 1000, 1024, 1, 1000, None)
@@ -83,7 +83,7 @@ def test_the_recorder_bins_events_by_rounded_arrival():
 
 
 def test_the_default_trace_target_workload_has_35_shapes():
-    from simulator.trace import load
+    from gpushare.simulator.trace import load
     from tests.simulator.traces import NODES_CSV, PODS_CSV
 
     workload = target_workload(load(NODES_CSV, PODS_CSV))

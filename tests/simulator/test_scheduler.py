@@ -3,7 +3,7 @@ they change, and all of them again when the policy learns something."""
 
 from gpushare.placement import to_allocation
 from gpushare.policies import BinpackPolicy
-from simulator.scheduler import Scheduler
+from gpushare.simulator.scheduler import Scheduler
 from tests.builders import T0, node_state, request
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from gpushare.labels import NodeMode
 from gpushare.request import ContainerRole
-from simulator.trace import PodClass, TraceError, load
+from gpushare.simulator.trace import PodClass, TraceError, load
 from tests.simulator.traces import NODES_CSV, PODS_CSV, tiny, write
 
 

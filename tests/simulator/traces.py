@@ -3,7 +3,7 @@
 from collections.abc import Sequence
 from pathlib import Path
 
-from simulator.trace import Trace, load
+from gpushare.simulator.trace import Trace, load
 
 NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model"
 POD_HEADER = (

@@ -1,0 +1,259 @@
+"""`gpushare simulate`: replay an openb trace through the placement policies.
+
+The harness of PLACEMENT-BENCHMARK.md (Weng et al., ATC'23): for each seed the
+trace is shuffled and inflated to 130% of the cluster's GPU capacity, pods are
+offered once each in that order, ties go to a seeded node rank, and metrics are
+taken after every pod. The policies are the extender's own (gpushare.policies).
+Workload-aware policies (fgd and ours) use the trace's target workload by
+default, as the paper does; add @learned to a name to have it learn the workload
+online from the pods it sees, as it does in the extender.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from multiprocessing import get_context
+from pathlib import Path
+
+from tqdm import tqdm
+
+from gpushare.policies import OUR_POLICY
+from gpushare.simulator.arrival import DEFAULT_SEEDS, INFLATION
+from gpushare.simulator.report import summarise, table, to_json
+from gpushare.simulator.run import PolicyChoice, RunResult, simulate
+from gpushare.simulator.trace import Trace, TraceError, load
+from gpushare.table import render
+
+DEFAULT_POLICIES = (OUR_POLICY, "fgd", "bestfit")
+
+
+def default_trace_dir() -> Path:
+    return Path(__file__).resolve().parents[3] / "data" / "openb"
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "simulate",
+        help="replay the openb GPU-sharing trace through the placement policies",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    traces = default_trace_dir()
+    parser.add_argument(
+        "--nodes",
+        type=Path,
+        default=traces / "openb_node_list_gpu_node.csv",
+        help="node list CSV (columns sn,cpu_milli,memory_mib,gpu,model; "
+        "default: the repository's data/openb copy)",
+    )
+    parser.add_argument(
+        "--pods",
+        type=Path,
+        default=traces / "openb_pod_list_default.csv",
+        help="pod list CSV (columns name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec; "
+        "default: the repository's data/openb copy)",
+    )
+    parser.add_argument(
+        "--policies",
+        type=_policies,
+        default=[PolicyChoice.parse(p) for p in DEFAULT_POLICIES],
+        help="comma-separated policy names from the extender's registry, each optionally "
+        "NAME@learned (workload learned online) or NAME@trace (the trace's; the default) "
+        f"(default: {','.join(DEFAULT_POLICIES)})",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=_seeds,
+        default=list(DEFAULT_SEEDS),
+        help="seeds, as a list and/or ranges: 42-51 or 42,45,50-51 (default: 42-51)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="runs in parallel, one process each (default: all cores, here %(default)s)",
+    )
+    parser.add_argument(
+        "--inflation",
+        type=float,
+        default=INFLATION,
+        help="pods arrive until they request this multiple of the GPU capacity "
+        "(default: %(default)s)",
+    )
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE",
+        help="write a PNG of unallocated GPU %% against arrived workload, one line per policy",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    parser.set_defaults(run=run)
+
+
+def _policies(text: str) -> list[PolicyChoice]:
+    names = [n for n in (part.strip() for part in text.split(",")) if n]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one policy")
+    try:
+        choices = [PolicyChoice.parse(n) for n in names]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    labels = [c.label for c in choices]
+    if len(set(labels)) != len(labels):
+        raise argparse.ArgumentTypeError(f"a policy is named twice in {text!r}")
+    return choices
+
+
+def _seeds(text: str) -> list[int]:
+    seeds: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        low, dash, high = part.partition("-")
+        try:
+            first, last = int(low), int(high) if dash else int(low)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"seed {part!r} is not a whole number or a range like 42-51"
+            ) from None
+        if last < first:
+            raise argparse.ArgumentTypeError(f"seed range {part!r} runs backwards")
+        seeds.extend(range(first, last + 1))
+    if not seeds:
+        raise argparse.ArgumentTypeError("give at least one seed")
+    return sorted(set(seeds))
+
+
+_TRACE: Trace | None = None
+
+
+def _load_worker(nodes: Path, pods: Path) -> None:
+    global _TRACE
+    _TRACE = load(nodes, pods)
+
+
+def _run_one(job: tuple[PolicyChoice, int, float]) -> RunResult:
+    assert _TRACE is not None
+    choice, seed, inflation = job
+    return simulate(_TRACE, choice, seed, inflation)
+
+
+def run_all(
+    trace: Trace,
+    nodes: Path,
+    pods: Path,
+    jobs: Sequence[tuple[PolicyChoice, int, float]],
+    workers: int,
+) -> Iterator[RunResult]:
+    """Every run, in the order they finish; in this process when one worker suffices."""
+    if workers <= 1 or len(jobs) <= 1:
+        global _TRACE
+        _TRACE = trace
+        yield from map(_run_one, jobs)
+        return
+    with get_context("spawn").Pool(
+        min(workers, len(jobs)), initializer=_load_worker, initargs=(nodes, pods)
+    ) as pool:
+        yield from pool.imap_unordered(_run_one, jobs)
+
+
+def _can_plot() -> bool:
+    """Whether the `plot` extra is installed (checked before minutes of simulation)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        print("gpushare simulate: --workers must be at least 1", file=sys.stderr)
+        return 2
+    if not 0 < args.inflation <= 10:
+        print("gpushare simulate: --inflation must be in (0, 10]", file=sys.stderr)
+        return 2
+    if args.plot is not None and args.plot.suffix.lower() != ".png":
+        print(
+            f"gpushare simulate: --plot {args.plot}: the plot is a PNG, name it *.png",
+            file=sys.stderr,
+        )
+        return 2
+    if args.plot is not None and not _can_plot():
+        print(
+            "gpushare simulate: --plot needs matplotlib, which components do not install: "
+            "pip install 'kube-gpushare[plot]'",
+            file=sys.stderr,
+        )
+        return 2
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        problem = _unwritable(path) if path else None
+        if problem:
+            # Said now, not after minutes of simulation.
+            print(f"gpushare simulate: {flag} {path}: {problem}", file=sys.stderr)
+            return 2
+    try:
+        trace = load(args.nodes, args.pods)
+    except TraceError as err:
+        print(f"gpushare simulate: {err}", file=sys.stderr)
+        return 2
+    choices: list[PolicyChoice] = args.policies
+    labels = ",".join(c.label for c in choices)
+    print(
+        f"gpushare simulate: {len(trace.nodes)} nodes ({trace.capacity // 1000} GPUs), "
+        f"{len(trace.pods)} pods requesting {100 * trace.requested / trace.capacity:.1f}% "
+        f"of GPU; policies {labels}; seeds {_seed_text(args.seeds)}; inflation "
+        f"{args.inflation}; {args.workers} worker(s)",
+        flush=True,
+    )
+    jobs = [(c, seed, args.inflation) for c in choices for seed in args.seeds]
+    started = time.perf_counter()
+    results: list[RunResult] = []
+    with tqdm(total=len(jobs), unit="run", disable=args.no_progress, file=sys.stderr) as bar:
+        for result in run_all(trace, args.nodes, args.pods, jobs, args.workers):
+            results.append(result)
+            bar.set_postfix_str(f"{result.policy} seed {result.seed}")
+            bar.update()
+    wall = time.perf_counter() - started
+    summaries = summarise(results)
+    ordered = {c.label: summaries[c.label] for c in choices}
+    header, rows = table(ordered)
+    print()
+    print(render(header, rows))
+    print(f"\n{len(jobs)} runs in {wall:.1f} s wall")
+    try:
+        if args.json:
+            document = to_json(trace, args.nodes, args.pods, ordered, args.inflation, wall)
+            args.json.write_text(json.dumps(document, indent=2) + "\n")
+            print(f"results: {args.json}")
+        if args.plot:
+            from gpushare.simulator.plot import (
+                plot,  # matplotlib loads only when a plot is asked for
+            )
+
+            plot(ordered, args.plot, title=f"{trace.source}, seeds {_seed_text(args.seeds)}")
+            print(f"plot: {args.plot}")
+    except OSError as err:
+        print(f"gpushare simulate: cannot write {err.filename}: {err.strerror}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why a results file cannot be written there, or None."""
+    if path.is_dir():
+        return "is a directory"
+    folder = path.parent
+    if not folder.is_dir():
+        return f"folder {folder} does not exist"
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return "not writable"
+    return None
+
+
+def _seed_text(seeds: Sequence[int]) -> str:
+    if list(seeds) == list(range(seeds[0], seeds[-1] + 1)) and len(seeds) > 1:
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ",".join(map(str, seeds))

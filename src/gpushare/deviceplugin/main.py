@@ -1,0 +1,241 @@
+"""`gpushare-device-plugin`: the kubelet device plugin of one GPU node.
+
+Advertises aliyun.com/gpu-mem, aliyun.com/gpu-count and (core_mem nodes)
+aliyun.com/gpu-core.percentage to the kubelet, following the node label
+ack.node.gpu.schedule, and answers each container's Allocate with the GPU
+slice the gpushare scheduler extender chose for it.
+"""
+
+import argparse
+import gc
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from gpushare.cluster import Cluster
+from gpushare.deviceplugin.deadline import ANSWER_WITHIN_S
+from gpushare.deviceplugin.gpus import GpuBackend
+from gpushare.deviceplugin.metrics import PluginMetrics
+from gpushare.deviceplugin.mock import MockBackend
+from gpushare.deviceplugin.plugin import (
+    DEVICE_PLUGIN_DIR,
+    POD_RESOURCES_SOCKET,
+    DevicePlugin,
+    PluginConfig,
+)
+from gpushare.inventory import MemoryRounding
+
+log = logging.getLogger("gpushare.deviceplugin")
+
+MOCK_HEALTH_FILE: Final = Path("/tmp/gpushare-mock-unhealthy-gpus")
+"""Under /tmp: writable in the node pod, whose root filesystem is read-only."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ
+    parser = argparse.ArgumentParser(
+        prog="gpushare-device-plugin",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--node-name",
+        default=env.get("NODE_NAME", ""),
+        help="this node's name, as the API server knows it (env NODE_NAME; required)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("nvml", "mock"),
+        default=env.get("GPUSHARE_BACKEND", "nvml"),
+        help="where GPUs come from: nvml (the NVIDIA driver) or mock (--mock-gpus) "
+        "(env GPUSHARE_BACKEND)",
+    )
+    parser.add_argument(
+        "--mock-gpus",
+        metavar="LAYOUT",
+        default=env.get("GPUSHARE_MOCK_GPUS", ""),
+        help="mock GPUs as COUNTxSIZEGiB[:MODEL],..., e.g. 2x16GiB,1x80GiB:A100, or a file "
+        "holding such a layout (env GPUSHARE_MOCK_GPUS)",
+    )
+    parser.add_argument(
+        "--mock-health-file",
+        type=Path,
+        default=Path(env.get("GPUSHARE_MOCK_HEALTH_FILE", str(MOCK_HEALTH_FILE))),
+        help="mock backend: file listing the indices of GPUs to report Unhealthy, polled "
+        "every second (env GPUSHARE_MOCK_HEALTH_FILE)",
+    )
+    parser.add_argument(
+        "--gpu-memory-rounding",
+        type=MemoryRounding,
+        choices=list(MemoryRounding),
+        default=env.get("GPUSHARE_GPU_MEMORY_ROUNDING", MemoryRounding.UP.value),
+        help="nvml backend: how a GPU's memory becomes whole GiB. up counts as ACK does (a "
+        "Tesla T4's 15,109 MiB is 15 GiB, an A10's 22,731 MiB 23), so the last slice of a "
+        "full GPU may hold up to 1 GiB less than it says; down never promises more than "
+        "the GPU has (T4 14, A10 22) (env GPUSHARE_GPU_MEMORY_ROUNDING)",
+    )
+    parser.add_argument(
+        "--dev-root",
+        type=Path,
+        default=Path(env.get("GPUSHARE_DEV_ROOT", "/dev")),
+        help="nvml backend: where this process sees the node's /dev. The plugin looks "
+        "there for the control device files (nvidiactl, nvidia-uvm, nvidia-uvm-tools, "
+        "nvidia-modeset) and hands each GPU container those that exist, as /dev/<name> of "
+        "the node (env GPUSHARE_DEV_ROOT)",
+    )
+    parser.add_argument(
+        "--device-plugin-dir",
+        type=Path,
+        default=DEVICE_PLUGIN_DIR,
+        help="the kubelet's device plugin directory (holds kubelet.sock and our sockets)",
+    )
+    parser.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=POD_RESOURCES_SOCKET,
+        help="the kubelet's PodResources socket, read to confirm allocations",
+    )
+    parser.add_argument(
+        "--allocate-timeout",
+        type=float,
+        metavar="SECONDS",
+        default=ANSWER_WITHIN_S,
+        help="the kubelet's GetPreferredAllocation and Allocate have no deadline, and it "
+        "admits one pod at a time: each call is answered within this many seconds. An "
+        "Allocate whose pod the API watch has not shown by then is refused (the pod fails "
+        "with UnexpectedAdmissionError and its controller makes another)",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        default=env.get("KUBECONFIG", ""),
+        help="kubeconfig file; empty means in-cluster credentials (env KUBECONFIG)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9401,
+        help="port of the Prometheus /metrics endpoint; 0 turns it off",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="log level",
+    )
+    return parser
+
+
+def build_backend(args: argparse.Namespace) -> GpuBackend:
+    """Raises ValueError with a message naming the flag when it is unusable."""
+    if args.backend == "mock":
+        if not args.mock_gpus:
+            raise ValueError(
+                "--backend mock needs --mock-gpus (or GPUSHARE_MOCK_GPUS), e.g. 2x16GiB"
+            )
+        return MockBackend.from_layout(args.mock_gpus, args.node_name, args.mock_health_file)
+    from gpushare.deviceplugin.nvml import NvmlBackend
+    from gpushare.nvmllib import load_from_driver_root
+
+    load_from_driver_root()
+    return NvmlBackend(dev_root=args.dev_root, memory_rounding=args.gpu_memory_rounding)
+
+
+def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> int:
+    """Runs the plugin until `stop` is set; 1 when the GPUs cannot be read."""
+    try:
+        if not args.allocate_timeout > 0:
+            raise ValueError(f"--allocate-timeout must be above 0, got {args.allocate_timeout:g}")
+        backend = build_backend(args)
+        config = PluginConfig(
+            node_name=args.node_name,
+            plugin_dir=args.device_plugin_dir,
+            pod_resources_socket=args.pod_resources_socket,
+            answer_within=args.allocate_timeout,
+        )
+        metrics = PluginMetrics(args.node_name)
+        plugin = DevicePlugin(config, backend, cluster, metrics)
+    except (ValueError, RuntimeError) as err:
+        log.error("gpushare-device-plugin cannot start: %s", err)
+        return 1
+    log.info(
+        "gpushare-device-plugin starting: %s gpu-memory-rounding=%s%s metrics-port=%s log-level=%s",
+        plugin.summary(),
+        args.gpu_memory_rounding,
+        _device_files(backend),
+        args.metrics_port or "off",
+        args.log_level,
+    )
+    if args.metrics_port:
+        try:
+            metrics.serve(args.metrics_port)
+        except OSError as err:
+            log.error(
+                "cannot serve metrics on port %d (%s); pick another --metrics-port or 0",
+                args.metrics_port,
+                err,
+            )
+            return 1
+    plugin.start()
+    threading.Thread(target=_freeze_when_synced, args=(plugin, stop), daemon=True).start()
+    stop.wait()
+    log.info("stopping")
+    plugin.stop()
+    return 0
+
+
+def _device_files(backend: GpuBackend) -> str:
+    """The dev root and the control device files seen there, for the start line; a
+    warning when nvidiactl is not among them (every CUDA container needs it)."""
+    from gpushare.deviceplugin.nvml import NvmlBackend
+
+    if not isinstance(backend, NvmlBackend):
+        return ""
+    found = backend.control_devices()
+    if "nvidiactl" not in found:
+        log.warning(
+            "no nvidiactl under --dev-root %s: GPU containers get only their /dev/nvidiaN "
+            "from the plugin; is the node's /dev mounted there?",
+            backend.dev_root,
+        )
+    return f" dev-root={backend.dev_root} control-devices={','.join(found) or 'none'}"
+
+
+def _freeze_when_synced(plugin: DevicePlugin, stop: threading.Event) -> None:
+    """Once the node and its pods are listed, keeps everything made so far (modules,
+    the API client, the listed pods) out of the garbage collector's full passes: such
+    a pass otherwise walks all of it and stalls an Allocate for milliseconds."""
+    while not stop.is_set():
+        if plugin.wait_synced(1.0):
+            gc.freeze()
+            log.info(
+                "synced: node and pods listed; %d objects kept out of full collections",
+                gc.get_freeze_count(),
+            )
+            return
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.node_name:
+        parser.error("--node-name (or env NODE_NAME) is required")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from gpushare.kubecluster import KubeCluster  # the Kubernetes API adapter, only in production
+
+    cluster = KubeCluster.from_config(args.kubeconfig or None)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    return run(args, cluster, stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

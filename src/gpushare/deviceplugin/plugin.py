@@ -1,0 +1,239 @@
+"""The device plugin of one node, assembled: GPUs from the backend, the node and
+its pods from the cluster port, one gRPC server per advertised resource.
+
+    backend ──health──► LocalNode ◄──labels── node informer
+                           │ (mode, health, catalog)
+                           ├──► DeviceFeeds ──► ResourceServers (ListAndWatch)
+                           ├──► InventoryPublisher (gpushare.io/gpus)
+                           └──► Registrar (which resources are registered)
+    pod informer ──► AdmissionQueue ◄── Allocator (Allocate, GetPreferredAllocation)
+                                          ├──► AssignmentWriter (assigned=true)
+                                          └──► GrantJournal ◄── Reconciler (PodResources)
+"""
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from gpushare.cluster import Cluster, EventType, Listing, WatchEvent
+from gpushare.deviceplugin.admission import AdmissionQueue
+from gpushare.deviceplugin.allocator import Allocator
+from gpushare.deviceplugin.assignment import AssignmentWriter
+from gpushare.deviceplugin.deadline import ANSWER_WITHIN_S
+from gpushare.deviceplugin.feed import DeviceFeed
+from gpushare.deviceplugin.gpus import GpuBackend, HealthChange
+from gpushare.deviceplugin.informer import Informer
+from gpushare.deviceplugin.journal import FILE_NAME, GrantJournal
+from gpushare.deviceplugin.metrics import PluginMetrics
+from gpushare.deviceplugin.node import LocalNode, NodeChange, NodeSnapshot
+from gpushare.deviceplugin.publisher import InventoryPublisher
+from gpushare.deviceplugin.reconcile import Reconciler
+from gpushare.deviceplugin.registration import Registrar
+from gpushare.deviceplugin.worker import start_daemon
+from gpushare.objects import Node, Pod
+from gpushare.resources import MANAGED_RESOURCES
+
+log = logging.getLogger(__name__)
+
+DEVICE_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
+POD_RESOURCES_SOCKET: Final = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+HEALTH_RETRY: Final = 10.0
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    node_name: str
+    plugin_dir: Path = DEVICE_PLUGIN_DIR
+    pod_resources_socket: Path | None = POD_RESOURCES_SOCKET
+    """None: no reconciliation with the kubelet's PodResources."""
+    poll_interval: float = 0.1
+    """Seconds between checks for a kubelet restart (re-registration within a second)."""
+    reconcile_delay: float = 2.0
+    reconcile_interval: float = 60.0
+    answer_within: float = ANSWER_WITHIN_S
+    """Seconds within which GetPreferredAllocation and Allocate are answered; a
+    call that matches nothing waits that long for the pod watch to catch up."""
+
+
+class DevicePlugin:
+    def __init__(
+        self,
+        config: PluginConfig,
+        backend: GpuBackend,
+        cluster: Cluster,
+        metrics: PluginMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.cluster = cluster
+        self.metrics = metrics or PluginMetrics(config.node_name)
+        self.node = LocalNode(backend.discover())
+        self.queue = AdmissionQueue(config.node_name)
+        self.feeds = {resource: DeviceFeed(resource) for resource in MANAGED_RESOURCES}
+        self.journal = GrantJournal(config.plugin_dir / FILE_NAME)
+        self.assignments = AssignmentWriter(cluster)
+        self.inventory = InventoryPublisher(cluster, config.node_name)
+        self.reconciler = (
+            Reconciler(
+                config.pod_resources_socket,
+                self.queue,
+                self.journal,
+                self.assignments,
+                cluster,
+                self.metrics,
+                config.reconcile_delay,
+                config.reconcile_interval,
+                ready=lambda: self._pod_informer.wait_synced(0),
+            )
+            if config.pod_resources_socket is not None
+            else None
+        )
+        self.allocator = Allocator(
+            self.node,
+            self.queue,
+            backend,
+            self.assignments,
+            self.journal,
+            self.metrics,
+            on_granted=self.reconciler.poke if self.reconciler else lambda: None,
+            answer_within=config.answer_within,
+            watch_trouble=self.watch_trouble,
+        )
+        self.registrar = Registrar(
+            config.plugin_dir,
+            self.feeds,
+            self.allocator,
+            lambda: self.node.snapshot().advertised,
+            self.metrics,
+            config.poll_interval,
+        )
+        self._node_informer = Informer(
+            "node-informer", self._list_own_node, cluster.watch_nodes, self._on_nodes, self._on_node
+        )
+        self._pod_informer = Informer(
+            "pod-informer",
+            lambda: cluster.list_pods(config.node_name),
+            lambda rv: cluster.watch_pods(rv, config.node_name),
+            self._on_pods,
+            self._on_pod,
+        )
+        self._stopped = threading.Event()
+        self._health_thread: threading.Thread | None = None
+        self.node.subscribe(self._on_node_change)
+        self.metrics.watch_gpus(
+            lambda: self.node.snapshot().inventory,
+            lambda: [allocation for _, allocation in self.queue.bound_pods()],
+        )
+
+    def start(self) -> None:
+        snapshot = self.node.snapshot()
+        self._publish_feeds(snapshot)
+        self.inventory.start()
+        self.inventory.publish(snapshot.inventory)
+        self.assignments.start()
+        self.allocator.follow_ups.start()
+        self._node_informer.start()
+        self._pod_informer.start()
+        self._health_thread = start_daemon("gpu-health", self._watch_health)
+        self.registrar.start()
+        if self.reconciler is not None:
+            self.reconciler.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.registrar.stop()
+        self.allocator.follow_ups.stop()
+        if self.reconciler is not None:
+            self.reconciler.stop()
+        self._pod_informer.stop()
+        self._node_informer.stop()
+        self.assignments.stop()
+        self.inventory.stop()
+        self.journal.close()
+        if self._health_thread is not None:
+            self._health_thread.join(timeout=5)
+
+    def wait_synced(self, timeout: float) -> bool:
+        """True once the node and its pods were listed."""
+        return self._node_informer.wait_synced(timeout) and self._pod_informer.wait_synced(timeout)
+
+    def watch_trouble(self) -> str | None:
+        """Why the plugin's list of the node's pods may be stale (the pod watch is
+        failing, or its thread died); None while the watch is followed."""
+        return self._pod_informer.trouble()
+
+    def summary(self) -> str:
+        gpus = self.node.snapshot().inventory
+        layout = ", ".join(f"{g.index}:{g.model} {g.mem}GiB" for g in gpus) or "none"
+        return (
+            f"node={self.config.node_name} backend={self.backend.name} gpus=[{layout}] "
+            f"device-plugin-dir={self.config.plugin_dir} "
+            f"pod-resources-socket={self.config.pod_resources_socket or 'off'} "
+            f"allocate-timeout={self.config.answer_within:g}s"
+        )
+
+    # ----- reactions
+
+    def _watch_health(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self.backend.watch_health(self._on_health, self._stopped)
+            except Exception:
+                log.exception("watching GPU health failed; trying again in %.0fs", HEALTH_RETRY)
+                self._stopped.wait(HEALTH_RETRY)
+
+    def _list_own_node(self) -> Listing[Node]:
+        # The port lists all nodes; the collection's resourceVersion is where the watch starts.
+        listing = self.cluster.list_nodes()
+        own = [n for n in listing.items if n.name == self.config.node_name]
+        return Listing(own, listing.resource_version)
+
+    def _on_nodes(self, nodes: list[Node]) -> None:
+        if not nodes:
+            log.warning(
+                "node %s is not in the cluster; advertising nothing until it appears "
+                "(is --node-name / NODE_NAME right?)",
+                self.config.node_name,
+            )
+        self.node.set_labels(nodes[0].metadata.labels if nodes else {})
+
+    def _on_node(self, event: WatchEvent[Node]) -> None:
+        if event.object.name != self.config.node_name:
+            return
+        deleted = event.type is EventType.DELETED
+        self.node.set_labels({} if deleted else event.object.metadata.labels)
+
+    def _on_pods(self, pods: list[Pod]) -> None:
+        self.queue.replace(pods)
+        self.journal.keep_pods(self.queue.uids())
+
+    def _on_pod(self, event: WatchEvent[Pod]) -> None:
+        if event.type is EventType.DELETED:
+            self.queue.remove(event.object)
+            self.journal.keep_pods(self.queue.uids())
+        else:
+            self.queue.upsert(event.object)
+
+    def _on_health(self, change: HealthChange) -> None:
+        if self.node.set_health(change):
+            state = "healthy again" if change.healthy else "unhealthy"
+            log.warning("GPU %d is %s: %s", change.index, state, change.reason)
+
+    def _on_node_change(self, snapshot: NodeSnapshot, change: NodeChange) -> None:
+        self._publish_feeds(snapshot)
+        if change is NodeChange.HEALTH:
+            self.inventory.publish(snapshot.inventory)
+        else:
+            log.info(
+                "node mode is %s: advertising %s",
+                snapshot.mode or "unset",
+                ", ".join(snapshot.advertised) or "nothing",
+            )
+        self.registrar.wake()
+
+    def _publish_feeds(self, snapshot: NodeSnapshot) -> None:
+        for resource, feed in self.feeds.items():
+            advertised = resource in snapshot.advertised
+            feed.publish(snapshot.catalog.devices(resource) if advertised else [])

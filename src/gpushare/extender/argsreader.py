@@ -1,0 +1,106 @@
+"""Reads filter and prioritize bodies without decoding a candidate list seen before.
+
+With nodeCacheCapable true, kube-scheduler sends every pod's filter and
+prioritize with the same few NodeNames lists (the nodes that passed its own
+filters, then ours), and decoding 5,000 names through the full model is most of
+what a request costs. Go writes NodeNames as the last member of ExtenderArgs, so
+a body `H,"NodeNames":X}` is read as two documents: `H}` (the Pod and Nodes, a
+small one) through the model, and X with json's C decoder. A body that ends with
+the exact bytes of a tail read recently is not decoded again: it gets the same
+list object, which the cache then recognises by identity.
+
+Why this reads what a full parse reads: when `H}` parses as ExtenderArgs, that
+`}` closed the top-level object, so in the whole body X is the value of its last
+top-level member, which wins over any earlier NodeNames as in a full parse; and
+X is taken only as an array of ASCII strings without \\u escapes, which both
+decoders read alike.
+Any body that does not fit (another layout, an error) takes the full parse,
+which alone decides errors and their messages.
+"""
+
+import json
+import threading
+from collections import OrderedDict
+
+from gpushare.extender.wire import ExtenderArgs, WireError, parse
+
+_TAILS = 16
+"""Candidate lists remembered (filter's and prioritize's for several request shapes)."""
+
+
+class ExtenderArgsReader:
+    def __init__(self, remembered: int = _TAILS) -> None:
+        self._remembered = remembered
+        self._tails: OrderedDict[bytes, list[str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def read(self, body: bytes) -> ExtenderArgs:
+        """The body as ExtenderArgs, exactly as `wire.parse` reads it (same errors)."""
+        args = self._known_tail(body)
+        if args is None:
+            args = self._split(body)
+        if args is None:
+            args = parse(ExtenderArgs, body)
+        return args
+
+    def _known_tail(self, body: bytes) -> ExtenderArgs | None:
+        with self._lock:
+            known = [(tail, names) for tail, names in self._tails.items() if body.endswith(tail)]
+        for tail, names in known:
+            head = _head(body, len(body) - len(tail))
+            if head is None:
+                return None
+            with self._lock:
+                if tail in self._tails:
+                    self._tails.move_to_end(tail)
+            return head.model_copy(update={"node_names": names})
+        return None
+
+    def _split(self, body: bytes) -> ExtenderArgs | None:
+        """Reads a body ending in `,"NodeNames":[...]}` as its head and its list,
+        remembering the list; None when the body is not written that way or either
+        part does not read (the full parse then names the error)."""
+        key = body.rfind(b'"NodeNames"')
+        if key < 1 or not body.endswith(b"}"):
+            return None
+        comma = len(body[:key].rstrip()) - 1
+        after = body[key + len(b'"NodeNames"') : -1].lstrip()
+        if body[comma : comma + 1] != b"," or after[:1] != b":":
+            return None
+        names = _names(after[1:])
+        if names is None:
+            return None
+        head = _head(body, comma)
+        if head is None:
+            return None
+        tail = body[comma:]
+        with self._lock:
+            self._tails[tail] = names
+            while len(self._tails) > self._remembered:
+                self._tails.popitem(last=False)
+        return head.model_copy(update={"node_names": names})
+
+
+def _head(body: bytes, end: int) -> ExtenderArgs | None:
+    """The body up to `end` (its last member left out), closed, as ExtenderArgs."""
+    try:
+        head: ExtenderArgs = parse(ExtenderArgs, body[:end] + b"}")
+    except WireError:
+        return None
+    return head
+
+
+def _names(value: bytes) -> list[str] | None:
+    """A JSON array of strings, decoded as pydantic would; None for anything else.
+    json.loads takes lone surrogate escapes that pydantic refuses, so only ASCII
+    without \\u escapes is taken (node names are DNS names)."""
+    if not value.isascii() or b"\\u" in value:
+        return None
+    try:
+        names = json.loads(value)
+        "".join(names)  # a TypeError unless every element is a string
+    except (ValueError, TypeError):
+        return None
+    if type(names) is not list:
+        return None
+    return names

@@ -1,0 +1,191 @@
+"""Bind: choose the GPUs, record the allocation on the pod and create the Binding.
+
+Binds are serialised per node. The fit is re-checked against the latest state
+and the allocation reserved in the cache in one critical section, so a filter
+or a bind running beside it already counts it. The allocation annotations travel
+inside the Binding: the API server merges a Binding's annotations into the pod
+in the same atomic update that sets spec.nodeName (K8S-INTERFACES E.1), so a pod
+is never bound without its allocation, nor annotated without being bound, and a
+failed bind leaves nothing on the pod to undo. Only the cache reservation is
+undone on failure.
+"""
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from gpushare import annotation
+from gpushare.allocation import PodAllocation
+from gpushare.cluster import (
+    AlreadyBound,
+    Cluster,
+    ClusterError,
+    Conflict,
+    EventSeverity,
+    EventType,
+    NotFound,
+    ObjectRef,
+)
+from gpushare.errors import PodRefused
+from gpushare.extender.cache import SchedulerCache
+from gpushare.extender.metrics import ExtenderMetrics
+from gpushare.extender.policychoice import pod_policy
+from gpushare.extender.wire import BindingArgs, for_scheduler
+from gpushare.objects import Pod
+from gpushare.placement import to_allocation
+from gpushare.request import parse_pod_request
+
+log = logging.getLogger(__name__)
+
+
+class BindRefused(Exception):
+    """The bind cannot be done; the message goes back to kube-scheduler as Error."""
+
+    def __init__(self, message: str, undo: bool = True) -> None:
+        super().__init__(message)
+        self.undo = undo
+        """False when the Binding may have been created after all: keep the cache's
+        reservation until the watch shows what became of the pod (or it expires)."""
+
+
+class Binder:
+    def __init__(
+        self,
+        cluster: Cluster,
+        cache: SchedulerCache,
+        metrics: ExtenderMetrics,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._cluster = cluster
+        self._cache = cache
+        self._metrics = metrics
+        self._now = now
+        self._node_locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def bind(self, args: BindingArgs) -> str:
+        """The Error kube-scheduler reads: empty when the pod is bound to args.node."""
+        try:
+            self._bind(args)
+        except BindRefused as refused:
+            self._metrics.binds.labels("refused").inc()
+            log.info(
+                "bind %s/%s to %s refused: %s",
+                args.pod_namespace,
+                args.pod_name,
+                args.node,
+                refused,
+            )
+            return for_scheduler(str(refused))
+        self._metrics.binds.labels("bound").inc()
+        return ""
+
+    def _bind(self, args: BindingArgs) -> None:
+        self._cache.expire()
+        pod = self._read(args.pod_namespace, args.pod_name)
+        if args.pod_uid and pod.metadata.uid != args.pod_uid:
+            raise BindRefused(
+                f"pod {pod.key} was deleted and created again (UID {pod.metadata.uid}, "
+                f"the scheduler asked for {args.pod_uid})"
+            )
+        if pod.spec.node_name:
+            self._already_bound(pod, pod.spec.node_name, args.node)
+            return
+        try:
+            request = parse_pod_request(pod)
+        except PodRefused as refused:
+            raise BindRefused(f"pod {pod.key}: {refused}") from None
+        if request is None:  # not ours to allocate: bind it as the default binder would
+            self._create_binding(pod, args.node, None)
+            return
+        uid = pod.metadata.uid
+        policy = pod_policy(pod.metadata.annotations)
+        with self._node_lock(args.node):
+            with self._cache.lock:
+                # A reservation of ours for this very pod is stale: the pod is not bound.
+                self._cache.forget(pod.key, uid)
+                fit = self._cache.place(args.node, request, policy)
+                state = self._cache.node_state(args.node)
+                if fit.placement is None or state is None:
+                    raise BindRefused(f"pod {pod.key} does not fit any more: {fit.reason}")
+                allocation = to_allocation(
+                    request, fit.placement.assignment, state.inventory, self._now()
+                )
+                self._cache.assume(pod.key, uid, allocation)
+            try:
+                created = self._create_binding(pod, args.node, annotation.encode(allocation))
+            except BindRefused as refused:
+                if refused.undo:
+                    self._cache.forget(pod.key, uid)
+                raise
+            except BaseException:
+                self._cache.forget(pod.key, uid)
+                raise
+        if created:
+            self._cluster.record_event(
+                ObjectRef.of_pod(pod),
+                EventSeverity.NORMAL,
+                "GpuAllocated",
+                f"node {args.node}: {_gpus(allocation)} ({request.describe()})",
+            )
+
+    def _create_binding(self, pod: Pod, node: str, annotations: dict[str, str] | None) -> bool:
+        """True when this call created the Binding, False when the pod already was
+        bound to `node` (a retried request that had succeeded)."""
+        meta = pod.metadata
+        try:
+            self._cluster.bind_pod(meta.namespace, meta.name, node, meta.uid, annotations)
+            return True
+        except AlreadyBound as err:
+            self._metrics.bind_conflicts.inc()
+            self._already_bound(self._read(meta.namespace, meta.name), err.node, node)
+            return False
+        except (Conflict, NotFound) as err:
+            if isinstance(err, Conflict):
+                self._metrics.bind_conflicts.inc()
+            raise BindRefused(f"bind pod {pod.key} to node {node}: {err}") from None
+        except ClusterError as err:
+            # The answer was lost, not necessarily the bind: look before reporting.
+            return self._confirm_after_error(pod, node, err)
+
+    def _already_bound(self, latest: Pod, bound_to: str, wanted: str) -> None:
+        if bound_to != wanted:
+            raise BindRefused(f"pod {latest.key} is already bound to node {bound_to}, not {wanted}")
+        # Bound where we were asked to bind it: success. What the API shows for the
+        # pod (its allocation, if any) replaces our reservation.
+        self._cache.apply_pod(EventType.MODIFIED, latest)
+
+    def _confirm_after_error(self, pod: Pod, node: str, err: ClusterError) -> bool:
+        try:
+            latest = self._cluster.get_pod(pod.metadata.namespace, pod.metadata.name)
+        except ClusterError as again:
+            raise BindRefused(
+                f"bind pod {pod.key} to node {node}: {err} (and re-reading it: {again})",
+                undo=False,
+            ) from None
+        if latest.metadata.uid == pod.metadata.uid and latest.spec.node_name == node:
+            self._cache.apply_pod(EventType.MODIFIED, latest)
+            return True
+        raise BindRefused(f"bind pod {pod.key} to node {node}: {err}")
+
+    def _read(self, namespace: str, name: str) -> Pod:
+        try:
+            return self._cluster.get_pod(namespace, name)
+        except NotFound:
+            raise BindRefused(f"pod {namespace}/{name} not found") from None
+        except ClusterError as err:
+            raise BindRefused(f"cannot read pod {namespace}/{name}: {err}") from None
+
+    def _node_lock(self, node: str) -> threading.Lock:
+        with self._locks_guard:
+            lock = self._node_locks.get(node)
+            if lock is None:
+                lock = self._node_locks[node] = threading.Lock()
+            return lock
+
+
+def _gpus(allocation: PodAllocation) -> str:
+    return ", ".join(
+        f"{c.name} on GPU {','.join(str(s.index) for s in c.gpus)}" for c in allocation.containers
+    )

@@ -1,0 +1,217 @@
+"""Per request shape, every node's answer, kept ready to be sent.
+
+kube-scheduler asks about thousands of nodes per pod, and between two pods
+only the node that took the last pod changed. So each node's evaluation is kept
+until that node changes, together with the JSON fragments filter and
+prioritize answer with. An answer for 5,000 nodes is then one dict lookup per
+node plus a few C-level passes (map, filter, join) over the looked-up entries,
+instead of Python code per node: at that size memory traffic, not arithmetic,
+is what costs.
+"""
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from operator import itemgetter
+from typing import NamedTuple
+
+from gpushare.errors import Refusal
+from gpushare.extender.wire import for_scheduler
+from gpushare.placement import Placement
+
+
+class NodeFit(NamedTuple):
+    """One node's answer for one request shape."""
+
+    placement: Placement | None
+    refusal: Refusal | None
+    score: int
+    """0..10 for the extender, 0 when refused."""
+    reason: str
+    """The refusal as the user reads it ("" when the pod fits)."""
+
+
+_Entry = tuple[str | None, str | None, str | None, str | None, str]
+"""A node's answer as filter and prioritize send it: the node name as JSON when
+the pod fits; the rule it breaks there when it does not; `"node":"reason"` for
+FailedNodes or for FailedAndUnresolvableNodes; `{"Host":"node","Score":n}`.
+A plain tuple of strings, which the garbage collector stops tracking."""
+
+
+_PASSED, _RULE, _FAILED, _UNRESOLVABLE, _PRIORITY = range(5)
+_PART = tuple(itemgetter(part) for part in range(5))
+_BLOCK = 128
+"""Entries per block: a changed node re-joins its block of fragments, and the answer
+joins the blocks."""
+
+
+class Answers:
+    """One request's entries for the candidate nodes, in the order given, and the
+    JSON made of them, kept once made. The entries are never changed: a candidate
+    list asked again with no node changed gets the same object back, and one with
+    changed nodes gets a patched copy, which re-joins only the blocks of fragments
+    where a node's fragment changed."""
+
+    __slots__ = ("_blocks", "_joined", "_rules", "entries")
+
+    def __init__(self, entries: list[_Entry]) -> None:
+        self.entries = entries
+        self._blocks: dict[int, list[str | None]] = {}
+        """Per part of an entry, each block's fragments joined (None: not yet)."""
+        self._joined: dict[int, str] = {}
+        self._rules: dict[str, int] | None = None
+
+    def patched(self, changes: list[tuple[int, _Entry]]) -> "Answers":
+        """A copy with entries replaced at these positions, keeping what they leave as it was."""
+        entries = list(self.entries)
+        olds = [entries[i] for i, _ in changes]
+        for i, entry in changes:
+            entries[i] = entry
+        copy = Answers(entries)
+        for part, blocks in self._blocks.items():
+            pairs = zip(changes, olds, strict=True)
+            moved = [i for (i, new), old in pairs if new[part] != old[part]]
+            if not moved:
+                copy._blocks[part] = blocks
+                if part in self._joined:
+                    copy._joined[part] = self._joined[part]
+                continue
+            copy._blocks[part] = list(blocks)
+            for i in moved:
+                copy._blocks[part][i // _BLOCK] = None
+        if self._rules is not None:
+            rules = dict(self._rules)
+            for (_, new), old in zip(changes, olds, strict=True):
+                for rule, step in ((old[_RULE], -1), (new[_RULE], 1)):
+                    if rule is not None:
+                        rules[rule] = rules.get(rule, 0) + step
+            copy._rules = {rule: count for rule, count in rules.items() if count}
+        return copy
+
+    def _json(self, part: int, opening: str, closing: str) -> str:
+        joined = self._joined.get(part)
+        if joined is not None:
+            return joined
+        entries = self.entries
+        blocks = self._blocks.get(part)
+        if blocks is None:
+            blocks = self._blocks[part] = [None] * -(-len(entries) // _BLOCK)
+        for b, block in enumerate(blocks):
+            if block is None:
+                fragments = map(_PART[part], entries[b * _BLOCK : (b + 1) * _BLOCK])
+                blocks[b] = ",".join(filter(None, fragments))
+        joined = self._joined[part] = opening + ",".join(filter(None, blocks)) + closing
+        return joined
+
+    def passed_json(self) -> str:
+        """The NodeNames array, as JSON."""
+        return self._json(_PASSED, "[", "]")
+
+    def fits_nowhere(self) -> bool:
+        return self.passed_json() == "[]"
+
+    def passed(self) -> set[str]:
+        return {json.loads(name) for name in filter(None, map(_PART[_PASSED], self.entries))}
+
+    def failed_json(self) -> str:
+        """The FailedNodes object, as JSON."""
+        return self._json(_FAILED, "{", "}")
+
+    def unresolvable_json(self) -> str:
+        """The FailedAndUnresolvableNodes object, as JSON."""
+        return self._json(_UNRESOLVABLE, "{", "}")
+
+    def rules(self) -> dict[str, int]:
+        """How many nodes refused the pod, per rule."""
+        if self._rules is None:
+            self._rules = dict(Counter(filter(None, map(_PART[_RULE], self.entries))))
+        return self._rules
+
+    def priorities_json(self) -> str:
+        """The HostPriorityList, as JSON."""
+        return self._json(_PRIORITY, "[", "]")
+
+
+_RECENT = 4
+
+
+class _Lookup:
+    """A candidate list and its answers, with the names that changed since."""
+
+    def __init__(self, names: list[str], answers: Answers) -> None:
+        self.names = names
+        self.answers = answers
+        self.stale: set[str] = set()
+        self.positions: dict[str, int] | None = None
+
+
+class FitTable:
+    def __init__(self, position: int, epochs: tuple[tuple[str, int], ...]) -> None:
+        self.position = position
+        """How far into the cache's change log this table is up to date."""
+        self.epochs = epochs
+        """(name, epoch) of each policy the results were computed under."""
+        self._entries: dict[str, _Entry] = {}
+        self._recent: list[_Lookup] = []
+        """The last candidate lists answered (filter's and prioritize's), to patch
+        rather than look up again when the scheduler sends the same list."""
+
+    def forget(self, name: str) -> None:
+        if self._entries.pop(name, None) is not None:
+            for lookup in self._recent:
+                lookup.stale.add(name)
+
+    def answers(self, names: list[str], evaluate: Callable[[str], NodeFit]) -> Answers:
+        """Every node's entry, evaluating the nodes that have none yet."""
+        recent = sorted(self._recent, key=lambda lookup: lookup.names is not names)
+        for lookup in recent:  # the same list object first: no need to compare names
+            if (lookup.names is names or lookup.names == names) and self._refresh(lookup, evaluate):
+                return lookup.answers
+        entries = list(map(self._entries.get, names))
+        if not all(entries):  # entries are non-empty tuples; None marks a node to evaluate
+            for i, entry in enumerate(entries):
+                if entry is None:
+                    entries[i] = self._put(names[i], evaluate(names[i]))
+        lookup = _Lookup(names, Answers(entries))  # type: ignore[arg-type]
+        self._recent = [*self._recent, lookup][-_RECENT:]
+        return lookup.answers
+
+    def _refresh(self, lookup: _Lookup, evaluate: Callable[[str], NodeFit]) -> bool:
+        """Patches the entries of the nodes that changed; False when it cannot (the
+        list names a node twice)."""
+        if not lookup.stale:
+            return True
+        if lookup.positions is None:
+            lookup.positions = dict(zip(lookup.names, range(len(lookup.names)), strict=False))
+        if len(lookup.positions) != len(lookup.names):
+            return False
+        changed = [
+            (i, name) for name in lookup.stale if (i := lookup.positions.get(name)) is not None
+        ]
+        lookup.stale.clear()
+        if not changed:
+            return True
+        changes = [
+            (i, self._entries.get(name) or self._put(name, evaluate(name))) for i, name in changed
+        ]
+        lookup.answers = lookup.answers.patched(changes)
+        return True
+
+    def _put(self, name: str, fit: NodeFit) -> _Entry:
+        key = json.dumps(name)
+        priority = f'{{"Host":{key},"Score":{fit.score}}}'
+        entry: _Entry
+        if fit.refusal is None:
+            entry = (key, None, None, None, priority)
+        else:
+            reason = f"{key}:{json.dumps(for_scheduler(fit.reason))}"
+            resolvable = fit.refusal.rule.resolvable
+            entry = (
+                None,
+                fit.refusal.rule.value,
+                reason if resolvable else None,
+                None if resolvable else reason,
+                priority,
+            )
+        self._entries[name] = entry
+        return entry

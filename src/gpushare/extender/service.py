@@ -1,0 +1,119 @@
+"""One extender, assembled: its configuration, the cache fed by two watches, the
+binder, the requeue worker, the worker posting events on pods naming a scheduler
+nobody serves, the metrics and the two HTTP apps, over any
+gpushare.cluster.Cluster."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from gpushare.cluster import Cluster
+from gpushare.extender.app import BINDS_AT_ONCE, Extender, extender_app, webhook_app
+from gpushare.extender.binder import Binder
+from gpushare.extender.cache import SchedulerCache, interesting
+from gpushare.extender.metrics import ExtenderMetrics
+from gpushare.extender.policychoice import validate_default
+from gpushare.extender.requeue import Requeuer
+from gpushare.extender.unserved import UnservedReporter
+from gpushare.extender.version import VERSION
+from gpushare.kubecluster.watchcache import WatchCache
+from gpushare.resources import ACK_SCHEDULER_NAME, DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
+
+API_CONNECTIONS = BINDS_AT_ONCE + 4
+"""Requests the extender has open against the API server at most: one per bind
+running (its calls follow one another), the node and pod watches, the requeue
+worker's patches and the unserved-scheduler worker's events."""
+
+
+@dataclass(frozen=True)
+class ExtenderConfig:
+    host: str = "0.0.0.0"
+    port: int = 39999
+    url_prefix: str = "/gpushare-scheduler"
+    webhook_port: int = 9443
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    scheduler_name: str = SCHEDULER_NAME
+    extra_scheduler_names: tuple[str, ...] = (ACK_SCHEDULER_NAME,)
+    default_placement: str = "binpack"
+    max_pods_per_gpu: int = DEFAULT_MAX_PODS_PER_GPU
+
+    @property
+    def webhook_enabled(self) -> bool:
+        return self.tls_cert_file is not None and self.tls_key_file is not None
+
+    @property
+    def scheduler_names(self) -> tuple[str, ...]:
+        """Every schedulerName our scheduler serves, the one the webhook writes first."""
+        return (self.scheduler_name, *self.extra_scheduler_names)
+
+    def summary(self) -> str:
+        webhook = (
+            f"https://{self.host}:{self.webhook_port}/validate|mutate"
+            if self.webhook_enabled
+            else "webhook off (no --tls-cert-file/--tls-key-file)"
+        )
+        return (
+            f"gpushare-extender {VERSION}: http://{self.host}:{self.port}"
+            f"{self.url_prefix}/filter|prioritize|bind|preempt, {webhook}, "
+            f"schedulers {', '.join(self.scheduler_names)}, "
+            f"default placement {self.default_placement}, "
+            f"max {self.max_pods_per_gpu} pods per GPU"
+        )
+
+
+class ExtenderService:
+    def __init__(self, cluster: Cluster, config: ExtenderConfig) -> None:
+        if config.max_pods_per_gpu < 1:
+            raise ValueError(
+                f"--max-pods-per-gpu must be at least 1, got {config.max_pods_per_gpu}"
+            )
+        self.config = config
+        self.cluster = cluster
+        self.cache = SchedulerCache(
+            validate_default(config.default_placement),
+            config.max_pods_per_gpu,
+            served_schedulers=config.scheduler_names,
+        )
+        self.metrics = ExtenderMetrics(self.cache)
+        self.binder = Binder(cluster, self.cache, self.metrics)
+        self.requeuer = Requeuer(cluster, self.cache, self.metrics)
+        self.cache.on_capacity_freed = self.requeuer.wake
+        self.unserved = UnservedReporter(cluster, self.cache, config.scheduler_names)
+        self.cache.on_unserved = self.unserved.wake
+        self.extender = Extender(
+            self.cache, self.binder, self.metrics, config.scheduler_names, config.summary()
+        )
+        self.node_watch = WatchCache(
+            "nodes", cluster.list_nodes, cluster.watch_nodes, self.cache.node_sink()
+        )
+        self.pod_watch = WatchCache(
+            "pods",
+            cluster.list_pods,
+            cluster.watch_pods,
+            self.cache.pod_sink(),
+            keep=interesting,
+        )
+
+    def start_watching(self) -> "ExtenderService":
+        self.requeuer.start()
+        self.unserved.start()
+        self.node_watch.start()
+        self.pod_watch.start()
+        return self
+
+    def wait_synced(self, timeout: float | None = 30.0) -> bool:
+        return self.node_watch.synced.wait(timeout) and self.pod_watch.synced.wait(timeout)
+
+    def stop_watching(self) -> None:
+        self.node_watch.stop()
+        self.pod_watch.stop()
+        self.requeuer.stop()
+        self.unserved.stop()
+
+    def app(self) -> FastAPI:
+        return extender_app(self.extender, self.config.url_prefix)
+
+    def webhook_app(self) -> FastAPI:
+        return webhook_app(self.extender)

@@ -1,0 +1,154 @@
+"""Filter, prioritize and preempt: kube-scheduler's questions, answered from the cache.
+
+Each function takes the parsed request and returns the encoded answer in the
+exact shape of the extender API (C.3). Pods that ask for none of our resources
+pass straight through; pods that break a rule are refused on every node with
+the rule, as unresolvable, since no node and no amount of waiting can help.
+"""
+
+from typing import Any
+
+from gpushare.errors import PodRefused
+from gpushare.extender.cache import SchedulerCache
+from gpushare.extender.metrics import ExtenderMetrics
+from gpushare.extender.policychoice import pod_policy
+from gpushare.extender.wire import ExtenderArgs, PreemptionArgs, dumps, for_scheduler
+from gpushare.preemption import choose_victims
+from gpushare.request import PodRequest, parse_pod_request
+
+
+def filter_nodes(cache: SchedulerCache, metrics: ExtenderMetrics, args: ExtenderArgs) -> bytes:
+    names = args.candidates()
+    try:
+        request = parse_pod_request(args.pod)
+    except PodRefused as refused:
+        for refusal in refused.refusals:
+            metrics.filter_rejections.labels(refusal.rule.value).inc(len(names))
+        reason = for_scheduler(str(refused))
+        reasons = dumps(dict.fromkeys(names, reason)).decode()
+        return _answer_without_table(args, [], reasons)
+    if request is None:
+        return _answer_without_table(args, names, "{}")
+    policy = pod_policy(args.pod.metadata.annotations)
+    with cache.lock:
+        cache.observe(args.pod.metadata.uid or args.pod.key, request, policy)
+        answers = cache.answers(request, policy, names)
+        # Retried by the requeue nudge (extender.requeue) while it fits nowhere.
+        cache.filtered(args.pod.key, args.pod.metadata.uid, answers.fits_nowhere())
+    for rule, count in answers.rules().items():
+        metrics.filter_rejections.labels(rule).inc(count)
+    failed, unresolvable = answers.failed_json(), answers.unresolvable_json()
+    if args.node_names is not None:
+        return _filter_answer("null", answers.passed_json(), failed, unresolvable)
+    return _filter_answer(_echo(args, answers.passed()), "null", failed, unresolvable)
+
+
+def _answer_without_table(args: ExtenderArgs, passed: list[str], unresolvable: str) -> bytes:
+    if args.node_names is not None:
+        return _filter_answer("null", dumps(passed).decode(), "{}", unresolvable)
+    return _filter_answer(_echo(args, set(passed)), "null", "{}", unresolvable)
+
+
+def _echo(args: ExtenderArgs, passed: set[str]) -> str:
+    """The NodeList of the Node objects that passed, exactly as they were sent."""
+    items = (args.nodes.items if args.nodes else None) or []
+    echoed = [item for item in items if item["metadata"]["name"] in passed]
+    return dumps({"metadata": {}, "items": echoed}).decode()
+
+
+def _filter_answer(nodes: str, node_names: str, failed: str, unresolvable: str) -> bytes:
+    """ExtenderFilterResult, from its parts already encoded."""
+    return (
+        f'{{"Nodes":{nodes},"NodeNames":{node_names},"FailedNodes":{failed},'
+        f'"FailedAndUnresolvableNodes":{unresolvable},"Error":""}}'
+    ).encode()
+
+
+def prioritize_nodes(cache: SchedulerCache, args: ExtenderArgs) -> bytes:
+    names = args.candidates()
+    request = _request_or_none(args)
+    if request is None:
+        return dumps([{"Host": name, "Score": 0} for name in names])
+    policy = pod_policy(args.pod.metadata.annotations)
+    with cache.lock:
+        answers = cache.answers(request, policy, names)
+    return answers.priorities_json().encode()
+
+
+def preempt_nodes(cache: SchedulerCache, args: PreemptionArgs) -> bytes:
+    """Per candidate node, the victims that make room for the pod by our rules.
+
+    kube-scheduler chose its victims by the node's sum of each resource; on each node
+    we answer the cheapest set of lower-priority GPU pods whose eviction makes the pod
+    fit (gpushare.preemption), or the scheduler's own set when it already makes room
+    and is no dearer, or when the pod fits without evicting any GPU pod (then what is
+    short is something only the scheduler sees). A node where nothing helps is
+    dropped, and so is one left without victims (the scheduler counts an empty list
+    as an error). Pods being deleted count as gone and are never picked.
+
+    NumPDBViolations is passed on as the scheduler gave it, for our set too: only the
+    scheduler sees PodDisruptionBudgets, and its count for its own set on that node is
+    the best estimate we have (0 would make every replaced set look free of them).
+    """
+    candidates = args.victims()
+    kept: dict[str, Any] = {}
+    try:
+        request = parse_pod_request(args.pod)
+    except PodRefused:
+        return dumps({"NodeNameToMetaVictims": kept})  # fits nowhere, whoever is evicted
+    policy = pod_policy(args.pod.metadata.annotations)
+    priority = args.pod.spec.priority or 0
+    with cache.lock:
+        for node, (uids, violations) in candidates.items():
+            if request is not None:
+                uids = _victims_on(cache, node, request, policy, priority, uids)
+            if uids:
+                victims = [{"UID": uid} for uid in uids]
+                kept[node] = {"Pods": victims, "NumPDBViolations": violations}
+    return dumps({"NodeNameToMetaVictims": kept})
+
+
+def _victims_on(
+    cache: SchedulerCache,
+    node: str,
+    request: PodRequest,
+    policy: str | None,
+    priority: int,
+    offered: list[str],
+) -> list[str]:
+    """The UIDs to evict from the node for the pod; empty when nothing helps."""
+    state = cache.node_state(node)
+    if state is None:
+        return []
+    uids = {key: cache.pod_uid(key) for key in state.pods}
+    keys = {uid: key for key, uid in uids.items()}
+    eligible: dict[str, int] = {}
+    leaving = set()
+    for key in state.pods:
+        record = cache.pods.get(key)
+        if record is None:
+            continue  # assumed and not seen yet: its priority is unknown, it stays
+        if record.deleting:
+            leaving.add(key)
+        elif record.priority < priority:
+            eligible[key] = record.priority
+    eviction = choose_victims(
+        state,
+        request,
+        cache.policy_for(node, policy),
+        eligible,
+        offered=[keys[uid] for uid in offered if uid in keys],
+        leaving=leaving,
+    )
+    if eviction is None:
+        return []
+    if eviction.keeps_offered:
+        return offered
+    return [uids[key] for key in eviction.pods]
+
+
+def _request_or_none(args: ExtenderArgs) -> PodRequest | None:
+    try:
+        return parse_pod_request(args.pod)
+    except PodRefused:
+        return None

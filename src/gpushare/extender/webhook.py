@@ -1,0 +1,98 @@
+"""Admission webhook (AdmissionReview admission.k8s.io/v1) for pods.
+
+validate: refuses a pod that breaks a rule of the resource model, with every
+rule it breaks in the message, so `kubectl apply` fails at once instead of the
+pod waiting Pending forever; and warns (admitting it) about a pod that asks for
+our resources under a scheduler name that neither we nor the default scheduler
+serve, which nothing may ever schedule. mutate: sends pods that ask for our
+resources and kept the default scheduler to ours (a JSONPatch on
+spec.schedulerName).
+"""
+
+import base64
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpushare.errors import PodRefused, Refusal
+from gpushare.extender.policychoice import check_pod_policy
+from gpushare.extender.schedulernames import DEFAULT_SCHEDULER, unserved_scheduler, unserved_warning
+from gpushare.extender.wire import AdmissionReview, WireError, describe
+from gpushare.objects import Pod
+from gpushare.request import parse_pod_request, requests_gpu
+
+
+def validate(review: AdmissionReview, served: Sequence[str]) -> dict[str, Any]:
+    """`served`: every schedulerName our scheduler serves."""
+    pod = _pod(review)
+    if pod is None:
+        return _answer(review, allowed=True)
+    unserved = unserved_scheduler(pod, served)
+    extra: dict[str, Any] = {"warnings": [unserved_warning(unserved, served)]} if unserved else {}
+    refusals: list[Refusal] = []
+    try:
+        parse_pod_request(pod)
+    except PodRefused as refused:
+        refusals.extend(refused.refusals)
+    policy = check_pod_policy(pod.metadata.annotations)
+    if policy is not None:
+        refusals.append(policy)
+    if not refusals:
+        return _answer(review, allowed=True, **extra)
+    message = f"gpushare refused pod {_name(review, pod)}: " + "; ".join(map(str, refusals))
+    return _answer(
+        review,
+        allowed=False,
+        status={"code": 403, "reason": "Forbidden", "message": message},
+        **extra,
+    )
+
+
+def mutate(review: AdmissionReview, scheduler_name: str) -> dict[str, Any]:
+    pod = _pod(review)
+    if pod is None or not requests_gpu(pod) or review.request.operation not in ("", "CREATE"):
+        # schedulerName cannot change once the pod exists: only a new pod is sent to us.
+        return _answer(review, allowed=True)
+    if (pod.spec.scheduler_name or DEFAULT_SCHEDULER) != DEFAULT_SCHEDULER:
+        return _answer(review, allowed=True)  # the user chose a scheduler: theirs to keep
+    patch = [{"op": "add", "path": "/spec/schedulerName", "value": scheduler_name}]
+    return _answer(
+        review,
+        allowed=True,
+        patchType="JSONPatch",
+        patch=base64.b64encode(json.dumps(patch).encode()).decode(),
+    )
+
+
+def _pod(review: AdmissionReview) -> Pod | None:
+    """The reviewed Pod, None for other kinds and for DELETE (no object)."""
+    request = review.request
+    if request.kind.get("kind", "Pod") != "Pod" or request.object is None:
+        return None
+    obj = request.object
+    metadata = obj.get("metadata")
+    if isinstance(metadata, dict) and "name" not in metadata:
+        # Pods of a Deployment or Job have only generateName when they are created.
+        obj = {**obj, "metadata": {**metadata, "name": ""}}
+    try:
+        return Pod.model_validate(obj)
+    except ValidationError as err:
+        raise WireError(f"request.object: {describe(err)}") from None
+
+
+def _name(review: AdmissionReview, pod: Pod) -> str:
+    name = pod.metadata.name
+    if not name:  # a workload's pod: its name is generated after admission
+        metadata = (review.request.object or {}).get("metadata") or {}
+        name = f"{metadata.get('generateName') or ''}<generated>"
+    return f"{review.request.namespace or pod.metadata.namespace or 'default'}/{name}"
+
+
+def _answer(review: AdmissionReview, allowed: bool, **extra: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": review.api_version,
+        "kind": "AdmissionReview",
+        "response": {"uid": review.request.uid, "allowed": allowed, **extra},
+    }

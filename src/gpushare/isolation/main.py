@@ -1,0 +1,254 @@
+"""`gpushare-isolation`: the node agent that enforces GPU memory caps and compute time slices.
+
+Runs beside the device plugin on every GPU node (privileged, host PID
+namespace, the host's /proc and cgroup tree mounted). Each slice it reads the
+GPU processes and the limits in their environment, kills (or reports) those
+over their memory cap, and freezes the containers whose turn it is not, per
+each GPU's cGPU policy. Settings and state live in the control tree, which
+`cgpu-smi` reads.
+"""
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from types import FrameType
+
+from prometheus_client import start_http_server
+
+from gpushare.inventory import MemoryRounding, parse_layout
+from gpushare.isolation.agent import AgentConfig, IsolationAgent, MemoryAction
+from gpushare.isolation.backends.mock import MockBackend, discovered_containers, mock_devices
+from gpushare.isolation.backends.port import GpuBackend
+from gpushare.isolation.backends.procfs import ProcessTable
+from gpushare.isolation.clock import Clock, SystemClock
+from gpushare.isolation.control import ControlTree
+from gpushare.isolation.metrics import AgentMetrics
+from gpushare.isolation.policy import (
+    DEFAULT_MAX_INST,
+    DEFAULT_PRIO_RATIO,
+    InvalidSetting,
+    parse_max_inst,
+    parse_policy,
+    parse_prio_ratio,
+)
+from gpushare.isolation.smi import DEFAULT_CONTROL_DIR
+
+log = logging.getLogger("gpushare.isolation")
+
+
+def agent_version() -> str:
+    try:
+        return f"gpushare-isolation {version('kube-gpushare')}"
+    except PackageNotFoundError:
+        return "gpushare-isolation (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ
+    parser = argparse.ArgumentParser(
+        prog="gpushare-isolation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--node-name",
+        default=env.get("NODE_NAME") or socket.gethostname(),
+        help="this node's name, for logs and mock GPU UUIDs (env NODE_NAME; default: hostname)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=["nvml", "mock"],
+        default=env.get("GPUSHARE_BACKEND") or "nvml",
+        help="nvml: the node's NVIDIA GPUs; mock: simulated GPUs from --mock-gpus, with the "
+        "processes that carry gpushare's environment as containers (env GPUSHARE_BACKEND; "
+        "default %(default)s)",
+    )
+    parser.add_argument(
+        "--mock-gpus",
+        default=env.get("GPUSHARE_MOCK_GPUS", ""),
+        metavar="LAYOUT",
+        help="mock GPU layout such as 2x16GiB,1x80GiB (env GPUSHARE_MOCK_GPUS; needed with "
+        "--backend mock)",
+    )
+    parser.add_argument(
+        "--gpu-memory-rounding",
+        type=MemoryRounding,
+        choices=list(MemoryRounding),
+        default=env.get("GPUSHARE_GPU_MEMORY_ROUNDING") or MemoryRounding.UP.value,
+        help="nvml backend: how a GPU's memory becomes whole GiB, as the device plugin's flag "
+        "of the same name (up: a Tesla T4 is 15 GiB, as on ACK; down: 14) (env "
+        "GPUSHARE_GPU_MEMORY_ROUNDING; default %(default)s)",
+    )
+    parser.add_argument(
+        "--control-dir",
+        type=Path,
+        default=Path(env.get("GPUSHARE_CONTROL_DIR") or DEFAULT_CONTROL_DIR),
+        help="the control tree mirroring cGPU's procfs (env GPUSHARE_CONTROL_DIR; "
+        "default %(default)s)",
+    )
+    parser.add_argument(
+        "--proc-root",
+        type=Path,
+        default=Path("/proc"),
+        help="the host's /proc, for process environments and cgroups (default %(default)s)",
+    )
+    parser.add_argument(
+        "--cgroup-root",
+        type=Path,
+        default=Path("/sys/fs/cgroup"),
+        help="the host's cgroup tree, for freezing containers (default %(default)s)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9402,
+        help="port of the Prometheus /metrics endpoint, 0 for none (default %(default)s)",
+    )
+    parser.add_argument(
+        "--memory-action",
+        choices=[a.value for a in MemoryAction],
+        default=MemoryAction.KILL.value,
+        help="what to do with a container over its GPU memory cap: kill the process holding "
+        "the most memory, or report it in the log and metrics only (default %(default)s)",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="log level (default %(default)s)",
+    )
+    parser.add_argument(
+        "--slice-ms",
+        type=int,
+        default=100,
+        help="length of one time slice in milliseconds: how often the agent observes, "
+        "enforces and switches who runs (default %(default)s)",
+    )
+    parser.add_argument(
+        "--default-policy",
+        default="auto",
+        help="policy of each GPU until one is written to <control-dir>/<gpu>/policy: 0..5, or "
+        "auto for 3 (fixed) on GPUs whose containers carry a compute percentage and 5 "
+        "(native) elsewhere (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-inst",
+        default=str(DEFAULT_MAX_INST),
+        help="max_inst of each GPU at start, 1..25 (default %(default)s)",
+    )
+    parser.add_argument(
+        "--prio-ratio",
+        default=str(DEFAULT_PRIO_RATIO),
+        help="prio_ratio of each GPU at start, 20..99: the percent of compute high-priority "
+        "containers may take (default %(default)s)",
+    )
+    return parser
+
+
+def config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> AgentConfig:
+    if args.slice_ms < 1:
+        parser.error(f"--slice-ms must be at least 1; got {args.slice_ms}")
+    if not 0 <= args.metrics_port <= 65535:
+        parser.error(f"--metrics-port must be 0..65535; got {args.metrics_port}")
+    try:
+        policy = None if args.default_policy == "auto" else parse_policy(args.default_policy)
+        max_inst = parse_max_inst(args.max_inst)
+        prio_ratio = parse_prio_ratio(args.prio_ratio)
+    except InvalidSetting as invalid:
+        parser.error(str(invalid))
+    return AgentConfig(
+        version=agent_version(),
+        slice_s=args.slice_ms / 1000,
+        memory_action=MemoryAction(args.memory_action),
+        default_policy=policy,
+        max_inst=max_inst,
+        prio_ratio=prio_ratio,
+    )
+
+
+def build_backend(args: argparse.Namespace, clock: Clock) -> GpuBackend:
+    """The backend the flags ask for; raises RuntimeError saying what to fix."""
+    if args.backend == "mock":
+        if not args.mock_gpus:
+            raise RuntimeError("--backend mock needs --mock-gpus (e.g. 2x16GiB)")
+        try:
+            gpus = parse_layout(args.mock_gpus, args.node_name)
+        except ValueError as err:
+            raise RuntimeError(f"--mock-gpus: {err}") from None
+        processes = ProcessTable(args.proc_root)
+        return MockBackend(
+            mock_devices(gpus),
+            clock,
+            discover=lambda: discovered_containers(processes.contract_processes()),
+        )
+    from gpushare.isolation.backends.nvml import NvmlBackend
+    from gpushare.nvmllib import load_from_driver_root
+
+    load_from_driver_root()
+    try:
+        return NvmlBackend(
+            args.proc_root,
+            args.cgroup_root,
+            clock,
+            memory_rounding=args.gpu_memory_rounding,
+        )
+    except Exception as err:  # pynvml raises NVMLError subclasses, or OSError without a driver
+        raise RuntimeError(
+            f"NVML is not available ({err}); run on a node with the NVIDIA driver and its "
+            "libraries mounted, or use --backend mock --mock-gpus LAYOUT"
+        ) from None
+
+
+def summary(args: argparse.Namespace, config: AgentConfig, backend: GpuBackend) -> str:
+    devices = backend.devices()
+    gpus = ",".join(f"{d.index}:{d.mem_gib}GiB" for d in devices) or "none"
+    policy = "auto" if config.default_policy is None else str(int(config.default_policy))
+    return (
+        f"{config.version} node={args.node_name} backend={backend.name} gpus={gpus} "
+        f"gpu-memory-rounding={args.gpu_memory_rounding} "
+        f"control-dir={args.control_dir} proc-root={args.proc_root} "
+        f"cgroup-root={args.cgroup_root} metrics-port={args.metrics_port or 'off'} "
+        f"memory-action={config.memory_action} slice={round(config.slice_s * 1000)}ms "
+        f"default-policy={policy} max-inst={config.max_inst} prio-ratio={config.prio_ratio}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    config = config_from(args, parser)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    clock = SystemClock()
+    try:
+        backend = build_backend(args, clock)
+    except RuntimeError as err:
+        log.error("cannot start: %s", err)
+        return 2
+    log.info("%s", summary(args, config, backend))
+    metrics = AgentMetrics(node=args.node_name)
+    if args.metrics_port:
+        start_http_server(args.metrics_port, registry=metrics.registry)
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("%s: thawing every container and stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    agent = IsolationAgent(backend, ControlTree(args.control_dir), clock, config, metrics)
+    agent.run(stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""`cgpu-smi`: the GPUs of a node and the containers on each, as the isolation agent sees them.
+
+Reads only the control tree (the agent's directory mirroring cGPU's procfs), so
+it runs anywhere that directory is visible: in the agent's container or on the
+node. gpushare's own read-only files (pod, util, limit, ...) are optional, so
+a tree without them still lists every container.
+"""
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gpushare.isolation.backends.port import GIB
+from gpushare.isolation.policy import Policy
+from gpushare.table import render
+
+DEFAULT_CONTROL_DIR = "/run/gpushare/cgpu"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRow:
+    pid: int
+    memory_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRow:
+    id: str
+    pod: str
+    container: str
+    utilization_percent: float | None
+    compute_limit_percent: float | None
+    """None: not time-sliced (native policy, or isolation off)."""
+    weight: int
+    high_priority: bool
+    memory_used_bytes: int
+    memory_allocated_bytes: int
+    memory_free_bytes: int
+    cap_violations: int
+    processes: tuple[ProcessRow, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRow:
+    index: int
+    uuid: str
+    model: str
+    memory_total_bytes: int
+    policy: int
+    policy_name: str
+    max_inst: int
+    prio_ratio: int
+    free_weight: int
+    utilization_percent: float | None
+    containers: tuple[ContainerRow, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    control_dir: str
+    version: str
+    gpus: tuple[GpuRow, ...]
+
+
+class NoControlTree(Exception):
+    pass
+
+
+def read_report(root: Path) -> Report:
+    if not (root / "version").is_file():
+        raise NoControlTree(
+            f"no control tree at {root}; is gpushare-isolation running on this node? "
+            "Pass --control-dir or set GPUSHARE_CONTROL_DIR"
+        )
+    gpus = []
+    for gpu_dir in sorted((d for d in _subdirs(root) if d.name.isdigit()), key=_index):
+        try:
+            gpus.append(_gpu(gpu_dir))
+        except FileNotFoundError:
+            continue  # the GPU's directory went while we read it
+    return Report(str(root), _text(root / "version"), tuple(gpus))
+
+
+def parse_meminfo(text: str) -> tuple[int, tuple[ProcessRow, ...]]:
+    """`Free: <bytes>` then `PID: <n> Mem: <bytes>` lines, as cGPU writes them."""
+    free = 0
+    processes = []
+    for line in text.splitlines():
+        words = line.replace(":", " ").split()
+        if len(words) == 2 and words[0] == "Free":
+            free = int(words[1])
+        elif len(words) == 4 and words[0] == "PID" and words[2] == "Mem":
+            processes.append(ProcessRow(int(words[1]), int(words[3])))
+    return free, tuple(processes)
+
+
+def _gpu(directory: Path) -> GpuRow:
+    policy = int(_text(directory / "policy"))
+    containers = []
+    for container_dir in _subdirs(directory):
+        try:
+            containers.append(_container(container_dir))
+        except FileNotFoundError:
+            continue  # the container went while we read it
+    containers.sort(key=lambda c: (c.pod, c.container, c.id))
+    return GpuRow(
+        index=int(directory.name),
+        uuid=_optional(directory / "uuid", "-"),
+        model=_optional(directory / "model", "-"),
+        memory_total_bytes=int(_optional(directory / "mem_total", "0")),
+        policy=policy,
+        policy_name=Policy(policy).label if policy in set(Policy) else "unknown",
+        max_inst=int(_text(directory / "max_inst")),
+        prio_ratio=int(_text(directory / "prio_ratio")),
+        free_weight=int(_text(directory / "free_weight")),
+        utilization_percent=_percent(_optional(directory / "util", "")),
+        containers=tuple(containers),
+    )
+
+
+def _container(directory: Path) -> ContainerRow:
+    free, processes = parse_meminfo((directory / "meminfo").read_text())
+    return ContainerRow(
+        id=_text(directory / "id"),
+        pod=_optional(directory / "pod", "-"),
+        container=_optional(directory / "container", "-"),
+        utilization_percent=_percent(_optional(directory / "util", "")),
+        compute_limit_percent=_percent(_optional(directory / "limit", "")),
+        weight=int(_text(directory / "weight")),
+        high_priority=_text(directory / "highprio") == "1",
+        memory_used_bytes=sum(p.memory_bytes for p in processes),
+        memory_allocated_bytes=int(_text(directory / "memsize")),
+        memory_free_bytes=free,
+        cap_violations=int(_optional(directory / "violations", "0")),
+        processes=processes,
+    )
+
+
+def render_text(report: Report) -> str:
+    lines = [f"cgpu-smi  {report.version}  control tree {report.control_dir}"]
+    if not report.gpus:
+        lines.append("no GPUs")
+    for gpu in report.gpus:
+        lines.append("")
+        lines.append(
+            f"GPU {gpu.index}  {gpu.model}  {gpu.uuid}  {_gib(gpu.memory_total_bytes)} GiB  "
+            f"policy {gpu.policy} ({gpu.policy_name})  max_inst {gpu.max_inst}  "
+            f"prio_ratio {gpu.prio_ratio}  free_weight {gpu.free_weight}  "
+            f"util {_show_percent(gpu.utilization_percent)}"
+        )
+        if not gpu.containers:
+            lines.append("  no containers")
+            continue
+        rows = [
+            [
+                c.id[:12],
+                c.pod,
+                c.container,
+                c.weight,
+                "high" if c.high_priority else "-",
+                _show_percent(c.utilization_percent),
+                _show_percent(c.compute_limit_percent, none="none"),
+                f"{_gib(c.memory_used_bytes)} / {_gib(c.memory_allocated_bytes)}",
+                c.cap_violations,
+            ]
+            for c in gpu.containers
+        ]
+        header = ["CONTAINER", "POD", "NAME", "WEIGHT", "PRIO", "UTIL", "LIMIT"]
+        table = render([*header, "MEM GiB used / alloc", "OVER CAP"], rows)
+        lines.extend("  " + line for line in table.splitlines())
+    return "\n".join(lines)
+
+
+def to_json(report: Report) -> str:
+    return json.dumps(asdict(report), indent=2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cgpu-smi",
+        description="Show each GPU of this node and its containers: pod, utilisation, compute "
+        "limit and memory used / allocated, read from gpushare-isolation's control tree.",
+    )
+    parser.add_argument(
+        "--control-dir",
+        type=Path,
+        default=Path(os.environ.get("GPUSHARE_CONTROL_DIR") or DEFAULT_CONTROL_DIR),
+        help="the agent's control tree (env GPUSHARE_CONTROL_DIR; default %(default)s)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        report = read_report(args.control_dir)
+    except NoControlTree as missing:
+        print(f"cgpu-smi: {missing}", file=sys.stderr)
+        return 1
+    print(to_json(report) if args.json else render_text(report))
+    return 0
+
+
+def _index(directory: Path) -> int:
+    return int(directory.name)
+
+
+def _subdirs(directory: Path) -> list[Path]:
+    return [d for d in directory.iterdir() if d.is_dir() and not d.name.startswith(".")]
+
+
+def _text(path: Path) -> str:
+    return path.read_text().strip()
+
+
+def _optional(path: Path, default: str) -> str:
+    try:
+        return _text(path)
+    except FileNotFoundError:
+        return default
+
+
+def _percent(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _gib(value: int) -> str:
+    return f"{value / GIB:.2f}"
+
+
+def _show_percent(value: float | None, none: str = "-") -> str:
+    return none if value is None else f"{value:.1f}%"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

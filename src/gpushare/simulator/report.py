@@ -1,0 +1,219 @@
+"""Runs summed up per policy: the numbers of PLACEMENT-BENCHMARK §5, as JSON and a table.
+
+Unallocated GPU % is reported as median / mean / min / max over the seeds (the
+paper's plot uses the median); fragmentation, failed pods and occupied nodes as
+means over the seeds. When `fgd` ran too, every other policy gets its paired
+per-seed difference against it (negative: fewer GPUs left unallocated).
+"""
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpushare.simulator.run import RunResult
+from gpushare.simulator.trace import PodClass, Trace
+
+HEADLINE_BINS = (100, 130)
+FRAG_BINS = (50, 80, 90)
+REFERENCE = "fgd"
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    median: float
+    mean: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> "Spread":
+        return cls(statistics.median(values), statistics.mean(values), min(values), max(values))
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "median": round(self.median, 4),
+            "mean": round(self.mean, 4),
+            "min": round(self.min, 4),
+            "max": round(self.max, 4),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySummary:
+    label: str
+    runs: tuple[RunResult, ...]
+    """One per seed, in seed order."""
+
+    @property
+    def seeds(self) -> list[int]:
+        return [r.seed for r in self.runs]
+
+    def at(self, bin_: int, metric: str) -> list[float]:
+        """The metric's value in one arrived-% bin, per seed (seeds that never reach the bin
+        are left out)."""
+        return [getattr(r.bins[bin_], metric) for r in self.runs if bin_ in r.bins]
+
+    def unallocated(self, bin_: int) -> Spread | None:
+        values = self.at(bin_, "unallocated_pct")
+        return Spread.of(values) if values else None
+
+    def mean_at(self, bin_: int, metric: str) -> float | None:
+        values = self.at(bin_, metric)
+        return statistics.mean(values) if values else None
+
+    def failed(self, by_100: bool = False) -> dict[str, float]:
+        counts = {kind.value: 0.0 for kind in PodClass}
+        for run in self.runs:
+            for kind, n in (run.failed_by_100 if by_100 else run.failed).items():
+                counts[PodClass(kind).value] += n
+        return {kind: n / len(self.runs) for kind, n in counts.items()}
+
+    def curve(self) -> tuple[list[int], list[float]]:
+        """Median unallocated GPU % per arrived-% bin (bins every seed reached)."""
+        bins = sorted(set.intersection(*(set(r.bins) for r in self.runs)))
+        return bins, [statistics.median(r.bins[b].unallocated_pct for r in self.runs) for b in bins]
+
+    @property
+    def wall_s(self) -> float:
+        return sum(r.wall_s for r in self.runs)
+
+
+def summarise(results: Iterable[RunResult]) -> dict[str, PolicySummary]:
+    grouped: dict[str, list[RunResult]] = {}
+    for result in results:
+        grouped.setdefault(result.policy, []).append(result)
+    return {
+        label: PolicySummary(label, tuple(sorted(runs, key=lambda r: r.seed)))
+        for label, runs in grouped.items()
+    }
+
+
+def paired(summary: PolicySummary, reference: PolicySummary, bin_: int = 100) -> list[float]:
+    """Per-seed difference in unallocated GPU % against the reference, on shared seeds."""
+    theirs = {r.seed: r.bins[bin_].unallocated_pct for r in reference.runs if bin_ in r.bins}
+    return [
+        r.bins[bin_].unallocated_pct - theirs[r.seed]
+        for r in summary.runs
+        if bin_ in r.bins and r.seed in theirs
+    ]
+
+
+def _rounded(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def to_json(
+    trace: Trace,
+    nodes_csv: Path,
+    pods_csv: Path,
+    summaries: dict[str, PolicySummary],
+    inflation: float,
+    wall_s: float,
+) -> dict[str, Any]:
+    reference = summaries.get(REFERENCE)
+    policies: dict[str, Any] = {}
+    for label, s in summaries.items():
+        unallocated = {}
+        for b in HEADLINE_BINS:
+            spread = s.unallocated(b)
+            if spread is not None:
+                unallocated[str(b)] = {**spread.as_dict(), "per_seed": _per_seed(s, b)}
+        entry: dict[str, Any] = {
+            "seeds": s.seeds,
+            "unallocated_pct": unallocated,
+            "frag_amount_pct": {
+                str(b): _rounded(s.mean_at(b, "frag_amount_pct")) for b in FRAG_BINS
+            },
+            "frag_ratio_pct": {str(b): _rounded(s.mean_at(b, "frag_ratio_pct")) for b in FRAG_BINS},
+            "failed_pods": s.failed(),
+            "failed_pods_by_100": s.failed(by_100=True),
+            "occupied_nodes": {
+                str(b): _rounded(s.mean_at(b, "occupied_nodes"), 1)
+                for b in (*FRAG_BINS, *HEADLINE_BINS)
+            },
+            "pods_offered": statistics.mean(r.pods for r in s.runs),
+            "wall_s": round(s.wall_s, 2),
+        }
+        if reference is not None and label != REFERENCE:
+            diffs = paired(s, reference)
+            entry["paired_vs_fgd"] = {
+                "diff_100": [round(d, 4) for d in diffs],
+                "better_seeds": sum(1 for d in diffs if d < 0),
+                "mean_diff_100": _rounded(statistics.mean(diffs)) if diffs else None,
+            }
+        bins, medians = s.curve()
+        entry["curve"] = {
+            "arrived_pct": bins,
+            "unallocated_pct_median": [round(v, 4) for v in medians],
+        }
+        policies[label] = entry
+    return {
+        "trace": {
+            "nodes": str(nodes_csv),
+            "pods": str(pods_csv),
+            "node_count": len(trace.nodes),
+            "pod_count": len(trace.pods),
+            "gpus": trace.capacity // 1000,
+            "requested_pct": round(100 * trace.requested / trace.capacity, 2),
+        },
+        "inflation": inflation,
+        "wall_s": round(wall_s, 2),
+        "policies": policies,
+    }
+
+
+def _per_seed(summary: PolicySummary, bin_: int) -> dict[str, float]:
+    return {
+        str(r.seed): round(r.bins[bin_].unallocated_pct, 4) for r in summary.runs if bin_ in r.bins
+    }
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def table(summaries: dict[str, PolicySummary]) -> tuple[list[str], list[list[str]]]:
+    """The §5 table: header and one row per policy."""
+    header = [
+        "policy",
+        "unalloc @100% (median / mean [min-max])",
+        "unalloc @130% (mean)",
+        "frag amount @90%",
+        "frag ratio @90%",
+        "failed multi-GPU",
+        "vs fgd @100% (better seeds, mean diff)",
+        "run s (sum)",
+    ]
+    reference = summaries.get(REFERENCE)
+    rows = []
+    for label, s in summaries.items():
+        at100 = s.unallocated(100)
+        at130 = s.unallocated(130)
+        headline = (
+            "-"
+            if at100 is None
+            else f"{at100.median:.2f} / {at100.mean:.2f} [{at100.min:.2f}-{at100.max:.2f}]"
+        )
+        failed = s.failed()
+        multi = sum(failed[k.value] for k in (PodClass.GPU2, PodClass.GPU4, PodClass.GPU8))
+        versus = "-"
+        if reference is not None and label != REFERENCE:
+            diffs = paired(s, reference)
+            if diffs:
+                better = sum(1 for d in diffs if d < 0)
+                versus = f"{better}/{len(diffs)}, {statistics.mean(diffs):+.2f}"
+        rows.append(
+            [
+                label,
+                headline,
+                _fmt(at130.mean if at130 else None),
+                _fmt(s.mean_at(90, "frag_amount_pct")),
+                _fmt(s.mean_at(90, "frag_ratio_pct"), 1),
+                f"{multi:.1f}",
+                versus,
+                f"{s.wall_s:.0f}",
+            ]
+        )
+    return header, rows

@@ -1,0 +1,164 @@
+"""One run: one policy, one seed, the whole arrival sequence (PLACEMENT-BENCHMARK §3).
+
+Each pod is offered once, in arrival order: the policy observes it (as the
+extender's filter does), the scheduler picks the best node, the placement is
+checked against an independent ledger of what each node has left, turned into
+the core's allocation record and added to the node's state. A pod no node takes
+fails; nothing ever leaves.
+"""
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from gpushare.fgd import WorkloadAwarePolicy
+from gpushare.fragmentation import Fragmentation
+from gpushare.placement import Assignment, PlacementPolicy, to_allocation
+from gpushare.policies import POLICIES
+from gpushare.request import PodRequest
+from gpushare.simulator.arrival import INFLATION, arrivals
+from gpushare.simulator.metrics import BinMeans, Recorder
+from gpushare.simulator.scheduler import Scheduler
+from gpushare.simulator.trace import MILLI_PER_GPU, PodClass, Trace, TraceNode, TracePod
+from gpushare.state import NodeState
+from gpushare.workload import COVERAGE, Workload
+
+BOUND_AT = datetime(2023, 7, 10, tzinfo=UTC)
+"""Allocation records need a bind time; the simulator has no clock."""
+
+TRACE = "trace"
+LEARNED = "learned"
+
+
+class InfeasiblePlacement(RuntimeError):
+    """A policy chose a placement the node cannot hold: a bug in the policy or the core."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyChoice:
+    """A policy of POLICIES, and for workload-aware ones where the target workload
+    comes from: the trace's distribution (as the FGD paper) or learned online (as
+    in the extender). Written `NAME` or `NAME@trace` / `NAME@learned`."""
+
+    name: str
+    learned: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{LEARNED}" if self.learned else self.name
+
+    @classmethod
+    def parse(cls, text: str) -> "PolicyChoice":
+        name, _, source = text.strip().partition("@")
+        if name not in POLICIES:
+            raise ValueError(f"unknown placement policy {name!r}; known: {', '.join(POLICIES)}")
+        if source not in ("", TRACE, LEARNED):
+            raise ValueError(f"{text!r}: the workload after @ must be {TRACE!r} or {LEARNED!r}")
+        if source and not isinstance(POLICIES[name], WorkloadAwarePolicy):
+            raise ValueError(f"{text!r}: policy {name} does not use a target workload")
+        return cls(name, learned=source == LEARNED)
+
+    def policy(self, trace_distribution: Workload) -> PlacementPolicy:
+        """The policy object for one run. Stateless policies are the registry's own
+        objects; workload-aware ones are fresh objects of the registry's class, so
+        each run starts from the same knowledge: the trace's pod distribution (of
+        which each keeps the part it wants) or the prior it learns from."""
+        registered = POLICIES[self.name]
+        if not isinstance(registered, WorkloadAwarePolicy):
+            return registered
+        if self.learned:
+            return registered.learning()
+        return registered.with_workload(trace_distribution)
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    policy: str
+    seed: int
+    pods: int
+    bins: dict[int, BinMeans]
+    failed: dict[PodClass, int]
+    failed_by_100: dict[PodClass, int]
+    evaluations: int
+    epochs: int
+    wall_s: float
+
+
+class Ledger:
+    """What each node has left, kept apart from the core's state, to check every
+    placement against the cluster model of PLACEMENT-BENCHMARK §2."""
+
+    def __init__(self, nodes: tuple[TraceNode, ...]) -> None:
+        self._nodes = nodes
+        self.cpu = [n.cpu_milli for n in nodes]
+        self.memory = [n.memory_mib for n in nodes]
+        self.gpus = [[MILLI_PER_GPU] * n.gpus for n in nodes]
+
+    def apply(self, node: int, pod: TracePod, assignment: Assignment) -> None:
+        where = f"pod {pod.name} on node {self._nodes[node].name}"
+        indices = assignment.gpus[0] if assignment.gpus else ()
+        if self.cpu[node] < pod.cpu_milli or self.memory[node] < pod.memory_mib:
+            raise InfeasiblePlacement(f"{where}: not enough CPU or memory left")
+        if pod.gpu_spec is not None and self._nodes[node].model not in pod.gpu_spec:
+            raise InfeasiblePlacement(f"{where}: GPU model not in {sorted(pod.gpu_spec)}")
+        free = self.gpus[node]
+        if len(set(indices)) != pod.num_gpu or any(free[i] < pod.gpu_milli for i in indices):
+            raise InfeasiblePlacement(f"{where}: GPUs {indices} cannot hold {pod.gpu_milli} each")
+        self.cpu[node] -= pod.cpu_milli
+        self.memory[node] -= pod.memory_mib
+        for i in indices:
+            free[i] -= pod.gpu_milli
+
+
+def distribution(trace: Trace) -> Workload:
+    """Every pod shape of the trace with its share of the pods."""
+    return Workload.of_requests((p.request() for p in trace.pods), coverage=1.0)
+
+
+def target_workload(trace: Trace) -> Workload:
+    """The trace's target workload M of §4: the shapes covering 95% of its pods."""
+    return distribution(trace).typical_part(COVERAGE)
+
+
+def simulate(
+    trace: Trace, choice: PolicyChoice, seed: int, inflation: float = INFLATION
+) -> RunResult:
+    started = time.perf_counter()
+    workload = target_workload(trace)
+    policy = choice.policy(distribution(trace))
+    arrival = arrivals(trace, seed, inflation)
+    states = [NodeState(n.inventory()) for n in trace.nodes]
+    ledger = Ledger(trace.nodes)
+    scheduler = Scheduler(states, arrival.rank, policy)
+    metric = Fragmentation(workload)
+    recorder = Recorder(trace.capacity, node_frag=[metric.of_view(s.view()) for s in states])
+    requests: dict[TracePod, PodRequest] = {}
+    epochs = {policy.epoch}
+    for number, pod in enumerate(arrival.pods):
+        request = requests.get(pod)
+        if request is None:
+            request = requests[pod] = pod.request()
+        policy.observe(request)
+        epochs.add(policy.epoch)
+        picked = scheduler.choose(request)
+        if picked is None:
+            recorder.offered(pod, None, None)
+            continue
+        node, placement = picked
+        ledger.apply(node, pod, placement.assignment)
+        state = states[node]
+        allocation = to_allocation(request, placement.assignment, state.inventory, BOUND_AT)
+        state.add(f"{pod.name}#{number}", allocation)
+        scheduler.changed(node)
+        recorder.offered(pod, node, metric.of_view(state.view()))
+    return RunResult(
+        policy=choice.label,
+        seed=seed,
+        pods=len(arrival.pods),
+        bins=recorder.bins(),
+        failed=dict(recorder.failed),
+        failed_by_100=dict(recorder.failed_by_100),
+        evaluations=scheduler.evaluations,
+        epochs=len(epochs),
+        wall_s=time.perf_counter() - started,
+    )

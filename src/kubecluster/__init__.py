@@ -1,7 +1,0 @@
-"""The Kubernetes-API adapter of the cluster port (`KubeCluster`) and the watch-driven
-cache that keeps a component's view of the cluster current (`WatchCache`)."""
-
-from kubecluster.cluster import KubeCluster
-from kubecluster.watchcache import Backoff, CacheSink, WatchCache
-
-__all__ = ["Backoff", "CacheSink", "KubeCluster", "WatchCache"]

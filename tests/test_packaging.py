@@ -1,0 +1,75 @@
+"""`pip install` adds one top-level package, `gpushare`, holding every module of src/;
+the import contracts cover the whole core."""
+
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+COMPONENTS = ("cli", "deviceplugin", "extender", "isolation", "kubecluster", "nvmllib", "simulator")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "--wheel-dir", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )  # fmt: skip
+    [built] = out.glob("kube_gpushare-*.whl")
+    return zipfile.ZipFile(built)
+
+
+def test_the_wheel_adds_exactly_one_top_level_package(wheel: zipfile.ZipFile):
+    tops = {name.split("/", 1)[0] for name in wheel.namelist()}
+    dist_info = {t for t in tops if t.endswith(".dist-info")}
+    assert len(dist_info) == 1
+    assert tops - dist_info == {"gpushare"}
+
+
+def test_the_wheel_holds_every_module_of_src(wheel: zipfile.ZipFile):
+    sources = {
+        str(p.relative_to(ROOT / "src"))
+        for p in (ROOT / "src").rglob("*.py")
+        if "__pycache__" not in p.parts and "egg-info" not in str(p)
+    }
+    packaged = {n for n in wheel.namelist() if n.endswith(".py")}
+    assert sources - packaged == set()
+    for component in COMPONENTS:
+        assert f"gpushare/{component}/__init__.py" in packaged
+
+
+def test_every_console_script_starts_under_the_one_root(wheel: zipfile.ZipFile):
+    [entry_points] = [n for n in wheel.namelist() if n.endswith("entry_points.txt")]
+    text = wheel.read(entry_points).decode()
+    targets = [line.split("=", 1)[1].strip() for line in text.splitlines() if "=" in line]
+    assert targets and all(t.startswith("gpushare.") for t in targets), targets
+    assert set(PYPROJECT["project"]["scripts"]) <= {
+        line.split("=", 1)[0].strip() for line in text.splitlines() if "=" in line
+    }
+
+
+def test_the_core_contract_names_every_module_of_the_core():
+    """A core module missing from the contract could import an adapter unseen."""
+    [core] = [
+        c
+        for c in PYPROJECT["tool"]["importlinter"]["contracts"]
+        if c["name"].startswith("The pure core")
+    ]
+    package = ROOT / "src" / "gpushare"
+    modules = {f"gpushare.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
+    subpackages = {
+        f"gpushare.{p.parent.name}"
+        for p in package.glob("*/__init__.py")
+        if p.parent.name not in COMPONENTS
+    }
+    assert set(core["source_modules"]) == modules | subpackages
+    assert set(core["forbidden_modules"]) == {f"gpushare.{c}" for c in COMPONENTS}

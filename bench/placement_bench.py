@@ -1,10 +1,10 @@
-"""Placement quality on the openb trace: the full PLACEMENT-BENCHMARK run, checked.
+"""Placement quality on the openb trace: the full benchmark run, checked.
 
 Runs `gpushare simulate` on the default trace (our policy, fgd and bestfit, seeds
-42-51, all cores), then prints the calibration bands of §6, the targets of issue 6
-and the wall time against the 5-minute budget. With --learned it also runs our
-policy and fgd learning the workload online, as in the extender (the wall time is
-then not the budgeted one).
+42-51, all cores), then prints the calibration bands (docs/placement.md#calibration),
+the targets of issue 6 and the wall time against the 5-minute budget. With --learned
+it also runs our policy and fgd learning the workload online, as in the extender
+(the wall time is then not the budgeted one).
 
 Run: .venv/bin/python bench/placement_bench.py [--learned] [--json FILE] [--plot FILE]
 """

@@ -46,6 +46,85 @@ def test_relative_links_resolve(page: Path):
         assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
 
 
+CITING_TREES = ("src", "tests", "bench", "scripts", "helm", "docs")
+OUTSIDE_DOCUMENTS = re.compile(
+    r"DESIGN\.md|DESIGN §|K8S-INTERFACES|PEERS\.md|STYLE\.md|PLACEMENT-BENCHMARK"
+)
+"""Design notes kept outside the repository: a reader of the code cannot follow them."""
+DOCS_CITATION = re.compile(r"docs/([\w.-]+\.md)#([\w-]+)")
+
+
+def _text_files(*trees: str) -> list[Path]:
+    files = []
+    for tree in trees:
+        for path in sorted((ROOT / tree).rglob("*")):
+            parts = path.relative_to(ROOT).parts
+            if not path.is_file() or "__pycache__" in parts or parts[1].endswith(".egg-info"):
+                continue
+            if path.suffix in (".png", ".pyc", ".tgz") or "_pb2" in path.name:
+                continue
+            files.append(path)
+    return files
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to '-'."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    anchors: set[str] = set()
+    fenced = False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (heading := re.match(r"#{1,6} (.+)", line)):
+            slug = base = _slug(heading.group(1))
+            n = 0
+            while slug in anchors:
+                n += 1
+                slug = f"{base}-{n}"
+            anchors.add(slug)
+    return anchors
+
+
+def test_nothing_cites_documents_outside_the_repository():
+    this = Path(__file__).resolve()
+    cites = [
+        f"{path.relative_to(ROOT)}:{n}: {match.group(0)}"
+        for path in _text_files(*CITING_TREES)
+        if path != this
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        for match in OUTSIDE_DOCUMENTS.finditer(line)
+    ]
+    assert cites == []
+
+
+def test_docs_sections_cited_from_the_code_exist():
+    cited = {
+        (path.relative_to(ROOT), page, anchor)
+        for path in _text_files("src", "tests", "bench", "scripts")
+        for page, anchor in DOCS_CITATION.findall(path.read_text(errors="replace"))
+    }
+    assert cited, "the code cites no docs section: the pattern is wrong"
+    missing = [
+        f"{path}: docs/{page}#{anchor}"
+        for path, page, anchor in sorted(cited)
+        if not (ROOT / "docs" / page).exists() or anchor not in _anchors(ROOT / "docs" / page)
+    ]
+    assert missing == []
+
+
+def test_slugs_follow_github():
+    assert _slug("Device plugin API v1beta1") == "device-plugin-api-v1beta1"
+    assert _slug("`gpushare simulate`") == "gpushare-simulate"
+    assert _slug("Merging Allocate answers") == "merging-allocate-answers"
+    assert _slug("The requeue nudge (`gpushare.io/requeued-at`)") == (
+        "the-requeue-nudge-gpushareiorequeued-at"
+    )
+
+
 def _exported_metric_names() -> set[str]:
     """Every series name the three components can export, from their own registries."""
     from gpushare.deviceplugin.metrics import PluginMetrics

@@ -2,7 +2,7 @@
 
 FGD (fgd.py) scores a placement by how much the node's fragmentation F grows: the
 free GPU the next pod of the target workload could not use. Three things it does not
-see cost GPUs in the openb replay (PLACEMENT-BENCHMARK), and this policy adds them:
+see cost GPUs in the openb replay (docs/placement.md#the-benchmark), and this policy adds them:
 
 * What the next pod will make of the leftover. F judges a GPU left with 350 of 1000
   free by which tasks do not fit in 350; it does not see that a popular 320 task

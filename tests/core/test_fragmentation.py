@@ -1,5 +1,5 @@
 """Fragmentation F of a node, FGD and BestFit scores, worked by hand from the definitions
-of PLACEMENT-BENCHMARK §4 and §6."""
+in docs/placement.md#benchmark-metrics and docs/placement.md#calibration."""
 
 import pytest
 

@@ -1,4 +1,5 @@
-"""Allocate and GetPreferredAllocation as the kubelet drives them (A.9, A.10, DESIGN §3)."""
+"""Allocate and GetPreferredAllocation as the kubelet drives them
+(docs/contracts.md#allocate, docs/contracts.md#matching-allocate-to-a-container)."""
 
 import grpc
 import pytest
@@ -59,7 +60,8 @@ def test_an_init_container_and_two_gpu_containers_in_one_pod(make_rig):
     assert server.envs[NVIDIA_VISIBLE_DEVICES] == gpu[0]
     assert (metrics.envs[CONTAINER], metrics.envs[NVIDIA_VISIBLE_DEVICES]) == ("metrics", gpu[1])
     assert log.envs == {}
-    # The kubelet reused the init container's device for the next container (A.9).
+    # The kubelet reused the init container's device for the next container
+    # (docs/contracts.md#allocate).
     assert set(warm.device_ids[GPU_MEM]) <= set(server.device_ids[GPU_MEM])
     assert _on_gpu(server.device_ids[GPU_MEM], gpu[0])
     assert _on_gpu(metrics.device_ids[GPU_MEM], gpu[1])

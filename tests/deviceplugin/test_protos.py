@@ -1,5 +1,5 @@
 """The committed stubs are what the protos generate, with the wire names the
-kubelet expects (K8S-INTERFACES A.4, B.2, F.11, F.12)."""
+kubelet expects (docs/contracts.md#proto-files, docs/contracts.md#podresources-api-v1)."""
 
 import filecmp
 from pathlib import Path

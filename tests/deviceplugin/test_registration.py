@@ -1,4 +1,5 @@
-"""Registration with the kubelet (A.6), ListAndWatch, and kubelet restarts (A.7)."""
+"""Registration with the kubelet, ListAndWatch, and kubelet restarts
+(docs/contracts.md#device-plugin-registration, docs/contracts.md#kubelet-restarts)."""
 
 import logging
 import os

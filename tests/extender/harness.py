@@ -1,5 +1,5 @@
 """The extender as kube-scheduler meets it: the real HTTP server on loopback over a
-MemoryCluster, spoken to with the JSON of the extender API (K8S-INTERFACES C.3)."""
+MemoryCluster, spoken to with the JSON of the extender API (docs/contracts.md#extender-json)."""
 
 import time
 from collections.abc import Callable, Iterable

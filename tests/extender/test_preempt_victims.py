@@ -1,6 +1,6 @@
 """Preempt as kube-scheduler calls it: the scheduler offers victims chosen by the
 node's sum of gpu-mem; the extender answers, per node, the cheapest lower-priority
-pods whose eviction makes the pod fit GPU by GPU (K8S-INTERFACES C.6)."""
+pods whose eviction makes the pod fit GPU by GPU (docs/contracts.md#preempt)."""
 
 from gpushare.objects import Pod
 from tests.builders import node, pod

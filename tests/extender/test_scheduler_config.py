@@ -1,5 +1,6 @@
-"""config/kube-scheduler-config.yaml obeys every rule of K8S-INTERFACES D.1, with the
-strictness kube-scheduler decodes it with, and points at the extender's defaults."""
+"""config/kube-scheduler-config.yaml obeys every rule of
+docs/contracts.md#scheduler-configuration, with the strictness kube-scheduler
+decodes it with, and points at the extender's defaults."""
 
 import re
 from pathlib import Path

@@ -87,6 +87,6 @@ def test_the_default_trace_target_workload_has_35_shapes():
     from tests.simulator.traces import NODES_CSV, PODS_CSV
 
     workload = target_workload(load(NODES_CSV, PODS_CSV))
-    assert len(workload.tasks) == 35  # PLACEMENT-BENCHMARK §4, CPU-only pods included
+    assert len(workload.tasks) == 35  # docs/placement.md#benchmark-metrics, CPU-only pods included
     assert sum(p for _, p in workload.tasks) == pytest.approx(1.0)
     assert any(s.gpus == 0 for s, _ in workload.tasks)

@@ -1,6 +1,6 @@
 """`gpushare simulate`: replay an openb trace through the placement policies.
 
-The harness of PLACEMENT-BENCHMARK.md (Weng et al., ATC'23): for each seed the
+The harness of docs/placement.md#the-benchmark (Weng et al., ATC'23): for each seed the
 trace is shuffled and inflated to 130% of the cluster's GPU capacity, pods are
 offered once each in that order, ties go to a seeded node rank, and metrics are
 taken after every pod. The policies are the extender's own (gpushare.policies).

@@ -1,4 +1,4 @@
-"""Which container an Allocate call is for (DESIGN.md §3).
+"""Which container an Allocate call is for (docs/contracts.md#matching-allocate-to-a-container).
 
 Allocate carries device IDs, not the pod. The kubelet admits one pod at a time,
 init containers first, then app containers in order, and makes one call per

@@ -138,7 +138,7 @@ class Allocator:
     ) -> list[str]:
         """IDs of the GPUs the extender chose for the container the call is for;
         none (the kubelet then picks) when no such container shows up in time: an
-        error here would fail the pod (K8S-INTERFACES F.10)."""
+        error here would fail the pod (docs/contracts.md#getpreferredallocation)."""
         count = request.allocation_size
         deadline = Deadline.after(self.answer_within)
         try:
@@ -280,7 +280,8 @@ def container_response(
     """The answer for one container and one resource.
 
     A container with gpu-mem and gpu-core gets two answers that the kubelet
-    merges, keeping the first value of a key it sees twice (A.10): the core
+    merges, keeping the first value of a key it sees twice
+    (docs/contracts.md#merging-allocate-answers): the core
     answer carries only the compute percentage, the memory answer everything
     else. Device files come with the memory or whole-GPU answer.
     """

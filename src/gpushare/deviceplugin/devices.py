@@ -1,8 +1,9 @@
 """Fake device IDs: the units the kubelet counts, each naming the GPU it belongs to.
 
-The kubelet allocates extended resources by counting device IDs (K8S-INTERFACES
-F.1), so the plugin advertises one ID per unit: per GiB of each GPU for gpu-mem,
-one per GPU for gpu-count, per percent of each GPU for gpu-core.percentage. An ID
+The kubelet allocates extended resources by counting device IDs
+(docs/contracts.md#device-ids-are-counted), so the plugin advertises one ID per
+unit: per GiB of each GPU for gpu-mem, one per GPU for gpu-count, per percent of
+each GPU for gpu-core.percentage. An ID
 reads `<gpu>-<kind>-<n>`, e.g. `GPU-8a1f…-mem-3`, where `<gpu>` is the GPU's UUID
 (stable across reboots, unlike the index), so the kubelet's records and
 PodResources name the real GPU. A UUID that would push an ID past the 63

@@ -1,7 +1,7 @@
 """The current device list of one resource, which ListAndWatch streams follow.
 
 Every message is the full list (the kubelet replaces its whole view with each
-one, K8S-INTERFACES A.8); a new version is published on every health or mode
+one, docs/contracts.md#listandwatch-and-health); a new version is published on every health or mode
 change, and streams wake up to send it.
 """
 

@@ -1,4 +1,5 @@
-"""A small kubelet: the device-manager side of K8S-INTERFACES A.6-A.10 and B.
+"""A small kubelet: the device-manager side of the device plugin and PodResources
+APIs (docs/contracts.md#device-plugin-api-v1beta1, docs/contracts.md#podresources-api-v1).
 
 It serves Registration on a real unix socket (`kubelet.sock`), dials back to a
 registering plugin, calls GetDevicePluginOptions, holds ListAndWatch, and
@@ -44,7 +45,8 @@ class AdmissionFailed(Exception):
 
 
 def is_extended_resource_name(name: str) -> bool:
-    """A.11, enough for a stand-in: a domain, not kubernetes.io, a valid name part."""
+    """Enough of the extended resource name rules for a stand-in: a domain, not
+    kubernetes.io, a valid name part (docs/contracts.md#extended-resource-names)."""
     domain, _, part = name.partition("/")
     return (
         bool(domain and part)
@@ -70,7 +72,8 @@ class AdmittedContainer:
     devices: list[pb.DeviceSpec] = field(default_factory=list)
     device_ids: dict[str, list[str]] = field(default_factory=dict)
     duplicate_envs: list[str] = field(default_factory=list)
-    """Keys two answers both set (the kubelet keeps the first, A.10)."""
+    """Keys two answers both set (the kubelet keeps the first,
+    docs/contracts.md#merging-allocate-answers)."""
 
 
 class _Endpoint:
@@ -109,7 +112,8 @@ class _Endpoint:
             pass
         with self._changed:
             if not self._closed:
-                # A.8: an ended stream makes every device of the resource unhealthy.
+                # An ended stream makes every device of the resource unhealthy
+                # (docs/contracts.md#listandwatch-and-health).
                 self.stream_ended = True
                 self.devices = dict.fromkeys(self.devices, "Unhealthy")
             self._changed.notify_all()
@@ -160,8 +164,9 @@ class KubeletStandIn:
                 server.stop(0).wait()
 
     def restart(self) -> None:
-        """What a kubelet restart does (A.7): connections drop, every unix socket
-        in the plugin directory is removed, then kubelet.sock is created afresh."""
+        """What a kubelet restart does (docs/contracts.md#kubelet-restarts): connections
+        drop, every unix socket in the plugin directory is removed, then kubelet.sock
+        is created afresh."""
         if self._server is not None:
             self._server.stop(0).wait()
         self._drop_endpoints()
@@ -195,7 +200,8 @@ class KubeletStandIn:
             return endpoint.messages if endpoint else 0
 
     def capacity(self, resource: str) -> tuple[int, int]:
-        """(capacity, allocatable) as the node status would show them (A.8)."""
+        """(capacity, allocatable) as the node status would show them
+        (docs/contracts.md#listandwatch-and-health)."""
         devices = self.devices(resource)
         return len(devices), sum(1 for h in devices.values() if h == HEALTHY)
 
@@ -203,7 +209,7 @@ class KubeletStandIn:
         with self._admission:
             return list(self._allocated.get((pod.metadata.uid, container, resource), []))
 
-    # ----- admission (A.9)
+    # ----- admission (docs/contracts.md#allocate)
 
     def admit(self, pod: Pod) -> list[AdmittedContainer]:
         """Admits one pod: its containers' answers, merged as the kubelet merges them.
@@ -335,7 +341,7 @@ class KubeletStandIn:
         self._pods.pop(uid, None)
         self._allocated = {k: v for k, v in self._allocated.items() if k[0] != uid}
 
-    # ----- registration (A.6)
+    # ----- registration (docs/contracts.md#device-plugin-registration)
 
     def _serve_registration(self) -> None:
         self.socket.unlink(missing_ok=True)
@@ -382,7 +388,8 @@ class KubeletStandIn:
             endpoint.close()
 
     def pod_resources(self) -> pr.ListPodResourcesResponse:
-        """B.3: app containers and sidecars of admitted pods, one entry per device."""
+        """App containers and sidecars of admitted pods, one entry per device
+        (docs/contracts.md#podresources-api-v1)."""
         with self._admission:
             pods = []
             for uid, pod in self._pods.items():

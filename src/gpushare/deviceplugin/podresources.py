@@ -2,7 +2,7 @@
 
 The kubelet may split one container's devices of a resource over several
 entries (per device, per NUMA node), so entries are grouped by resource and
-their IDs merged (K8S-INTERFACES B.3). Pods are named by namespace and name
+their IDs merged (docs/contracts.md#podresources-api-v1). Pods are named by namespace and name
 only; ordinary init containers are not listed.
 """
 

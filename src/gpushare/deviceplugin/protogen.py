@@ -6,7 +6,7 @@ differ from a fresh generation. Needs grpcio-tools (a dev dependency), pinned
 in pyproject.toml because its version is stamped into the generated code.
 
 Both kubelet APIs live in files named `api.proto`, and Python's descriptor pool
-refuses two files of one name (K8S-INTERFACES.md F.12). protoc compiles them
+refuses two files of one name (docs/contracts.md#proto-files). protoc compiles them
 under the virtual include prefix `gpushare/deviceplugin/api/kubelet/`, so each file is
 registered under a distinct path that is also its Python import path.
 """

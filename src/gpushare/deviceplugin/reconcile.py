@@ -2,8 +2,8 @@
 annotations where they disagree (see repair.py), recording an event on each pod.
 
 Runs a short while after each Allocate (the kubelet records an allocation only
-after Allocate returned, B.4), and every `interval` seconds, which also covers
-a plugin restart.
+after Allocate returned, docs/contracts.md#podresources-api-v1), and every
+`interval` seconds, which also covers a plugin restart.
 """
 
 import logging

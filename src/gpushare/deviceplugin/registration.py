@@ -1,4 +1,5 @@
-"""Keeps one registered gRPC server per advertised resource (K8S-INTERFACES A.6, A.7).
+"""Keeps one registered gRPC server per advertised resource
+(docs/contracts.md#device-plugin-registration, docs/contracts.md#kubelet-restarts).
 
 A single thread owns the servers and, every poll interval or when woken:
 - starts and registers a server for each resource the node's mode advertises
@@ -194,7 +195,7 @@ class Registrar:
 
     def _drop(self, slot: _Slot) -> None:
         """Stops the old server before a fresh one registers: an old stream ending
-        later would disconnect the new registration (A.7)."""
+        later would disconnect the new registration (docs/contracts.md#kubelet-restarts)."""
         self._metrics.registered(slot.server.resource, False)
         slot.server.stop(grace=0)
         del self._slots[slot.server.resource]

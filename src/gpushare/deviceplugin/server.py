@@ -2,8 +2,10 @@
 
 ListAndWatch sends the full device list at once and again on every change,
 and ends only when the server stops (the kubelet treats an ended stream as a
-failure, A.8). GetPreferredAllocation never fails (an error would fail the
-pod's admission, F.10): without an opinion it answers an empty list.
+failure, docs/contracts.md#listandwatch-and-health). GetPreferredAllocation never
+fails (an error would fail the pod's admission,
+docs/contracts.md#getpreferredallocation): without an opinion it answers an empty
+list.
 
 Every call is answered: GetPreferredAllocation and Allocate within their
 deadline (deadline.py), a call beyond the handler threads at once with
@@ -57,7 +59,8 @@ class ResourceServer:
 
     @property
     def endpoint(self) -> str:
-        """What Register carries: the socket's file name, not its path (A.6)."""
+        """What Register carries: the socket's file name, not its path
+        (docs/contracts.md#device-plugin-registration)."""
         return self.socket_path.name
 
     def start(self) -> None:

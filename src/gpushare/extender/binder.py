@@ -4,7 +4,7 @@ Binds are serialised per node. The fit is re-checked against the latest state
 and the allocation reserved in the cache in one critical section, so a filter
 or a bind running beside it already counts it. The allocation annotations travel
 inside the Binding: the API server merges a Binding's annotations into the pod
-in the same atomic update that sets spec.nodeName (K8S-INTERFACES E.1), so a pod
+in the same atomic update that sets spec.nodeName (docs/contracts.md#binding), so a pod
 is never bound without its allocation, nor annotated without being bound, and a
 failed bind leaves nothing on the pod to undo. Only the cache reservation is
 undone on failure.

@@ -4,7 +4,7 @@ For each pending pod it does what kube-scheduler does with the extender of
 config/kube-scheduler-config.yaml: POST filter with the candidate node names,
 POST prioritize when more than one node passed and take the best total score
 (ties go to the first name; the real scheduler breaks them at random), then
-POST bind. The JSON is exactly the scheduler's (K8S-INTERFACES C.3).
+POST bind. The JSON is exactly the scheduler's (docs/contracts.md#extender-json).
 """
 
 import json

@@ -1,9 +1,10 @@
 """Filter, prioritize and preempt: kube-scheduler's questions, answered from the cache.
 
 Each function takes the parsed request and returns the encoded answer in the
-exact shape of the extender API (C.3). Pods that ask for none of our resources
-pass straight through; pods that break a rule are refused on every node with
-the rule, as unresolvable, since no node and no amount of waiting can help.
+exact shape of the extender API (docs/contracts.md#extender-json). Pods that ask
+for none of our resources pass straight through; pods that break a rule are
+refused on every node with the rule, as unresolvable, since no node and no amount
+of waiting can help.
 """
 
 from typing import Any

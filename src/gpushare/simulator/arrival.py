@@ -1,4 +1,4 @@
-"""The arrival process of PLACEMENT-BENCHMARK §3: workload inflation and tie-break ranks.
+"""The arrival process (docs/placement.md#arrival-process): workload inflation and tie-break ranks.
 
 For a seed: the trace's pods in name order, shuffled; then pods drawn uniformly
 with replacement from the trace, appended, until the first draw that would take

@@ -1,4 +1,4 @@
-"""The metrics of PLACEMENT-BENCHMARK §4, recorded after every pod.
+"""The benchmark's metrics (docs/placement.md#benchmark-metrics), recorded after every pod.
 
 Each event (one pod offered) falls in the bin round(arrived %); a bin's value is
 the mean over its events. Per bin: unallocated GPU %, fragmentation amount (% of

@@ -1,4 +1,5 @@
-"""Runs summed up per policy: the numbers of PLACEMENT-BENCHMARK §5, as JSON and a table.
+"""Runs summed up per policy, as JSON and a table, set beside the paper's
+(docs/placement.md#reference-numbers).
 
 Unallocated GPU % is reported as median / mean / min / max over the seeds (the
 paper's plot uses the median); fragmentation, failed pods and occupied nodes as
@@ -175,7 +176,7 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 
 def table(summaries: dict[str, PolicySummary]) -> tuple[list[str], list[list[str]]]:
-    """The §5 table: header and one row per policy."""
+    """The results table (docs/placement.md#reference-numbers): header and one row per policy."""
     header = [
         "policy",
         "unalloc @100% (median / mean [min-max])",

@@ -1,4 +1,4 @@
-"""One run: one policy, one seed, the whole arrival sequence (PLACEMENT-BENCHMARK §3).
+"""One run: one policy, one seed, the whole arrival sequence (docs/placement.md#arrival-process).
 
 Each pod is offered once, in arrival order: the policy observes it (as the
 extender's filter does), the scheduler picks the best node, the placement is
@@ -86,7 +86,7 @@ class RunResult:
 
 class Ledger:
     """What each node has left, kept apart from the core's state, to check every
-    placement against the cluster model of PLACEMENT-BENCHMARK §2."""
+    placement against the cluster model (docs/placement.md#benchmark-cluster-model)."""
 
     def __init__(self, nodes: tuple[TraceNode, ...]) -> None:
         self._nodes = nodes
@@ -116,7 +116,8 @@ def distribution(trace: Trace) -> Workload:
 
 
 def target_workload(trace: Trace) -> Workload:
-    """The trace's target workload M of §4: the shapes covering 95% of its pods."""
+    """The trace's target workload (docs/placement.md#benchmark-metrics): the shapes
+    covering 95% of its pods."""
     return distribution(trace).typical_part(COVERAGE)
 
 

@@ -28,10 +28,6 @@ class NodeMode(StrEnum):
     def isolates_memory(self) -> bool:
         return self is not NodeMode.SHARE
 
-    @property
-    def isolates_compute(self) -> bool:
-        return self is NodeMode.CORE_MEM
-
 
 class PlacementMode(StrEnum):
     BINPACK = "binpack"

@@ -2,6 +2,8 @@
 
 import logging
 
+from gpushare.cluster.memory import MemoryCluster, gpu_node
+from gpushare.inventory import parse_layout
 from gpushare.labels import LABEL_DISABLE_ISOLATION, LABEL_LEGACY_SHARE, LABEL_SCHEDULE
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
 from tests.deviceplugin.rig import WAIT, eventually
@@ -84,3 +86,42 @@ def test_a_wrong_node_name_is_reported_and_nothing_is_advertised(make_rig, caplo
 
     assert "node not-this-one is not in the cluster" in caplog.text
     assert rig.kubelet.registrations == []
+
+
+class NodeEventCounter(MemoryCluster):
+    """Counts the node events each node watch delivers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delivered: list[str] = []
+
+    def watch_nodes(self, resource_version: str, name: str | None = None):
+        watch = super().watch_nodes(resource_version, name)
+        delivered = self.delivered
+
+        class Counting:
+            def __iter__(self):
+                for event in watch:
+                    delivered.append(event.object.name)
+                    yield event
+
+            def stop(self) -> None:
+                watch.stop()
+
+        return Counting()
+
+
+def test_the_plugin_hears_only_its_own_node(make_rig):
+    """With every node's heartbeat, N plugins would make the API server send N x N node
+    updates; each plugin lists and watches its own Node only."""
+    rig = make_rig(layout="1x16GiB", mode="cgpu", cluster_type=NodeEventCounter).start()
+    others = [f"other-{i}" for i in range(20)]
+    for name in others:
+        rig.cluster.add_node(gpu_node(name, parse_layout("1x16GiB", name), mode="cgpu"))
+    for name in others:
+        rig.cluster.set_node_labels(name, {"heartbeat": "1"})
+    rig.cluster.set_node_labels(rig.node, {LABEL_SCHEDULE: "core_mem"})
+
+    rig.wait_registered([GPU_MEM, GPU_COUNT, GPU_CORE])
+    assert set(rig.cluster.delivered) == {rig.node}
+    assert rig.cluster.list_nodes(rig.node).items[0].name == rig.node

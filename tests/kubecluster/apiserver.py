@@ -124,9 +124,12 @@ class ApiServer:
         one = lambda key: (query.get(key) or [""])[0]  # noqa: E731
         try:
             if rest == ["nodes"] and method == "GET":
+                selector = one("fieldSelector")
+                name = selector.split("=", 1)[1] if selector.startswith("metadata.name=") else None
                 if one("watch") == "true":
-                    return 200, self._watch(self.cluster.watch_nodes(one("resourceVersion")), query)
-                return 200, self._list("NodeList", self.cluster.list_nodes())
+                    watch = self.cluster.watch_nodes(one("resourceVersion"), name)
+                    return 200, self._watch(watch, query)
+                return 200, self._list("NodeList", self.cluster.list_nodes(name))
             if rest[:1] == ["nodes"] and len(rest) == 2:
                 if method == "GET":
                     return 200, self.cluster.get_node(rest[1]).to_manifest()

@@ -229,3 +229,17 @@ def test_from_config_without_any_configuration_names_what_it_tried(no_configurat
     assert "~/.kube/config" in message and "in-cluster" in message
     with pytest.raises(ConfigException, match="kubeconfig /nonexistent/config does not exist"):
         KubeCluster.from_config("/nonexistent/config")
+
+
+def test_one_node_is_listed_and_watched_by_its_name(memory, api, kube):
+    listing = kube.list_nodes("n2")
+    assert [n.name for n in listing.items] == ["n2"]
+    assert api.seen("GET", "/api/v1/nodes")[-1].query["fieldSelector"] == ["metadata.name=n2"]
+    memory.patch_node_annotations("n1", {"beat": "1"})
+    memory.patch_node_annotations("n2", {"beat": "1"})
+    watch = kube.watch_nodes(listing.resource_version, "n2")
+    event = next(watch)
+    watch.stop()
+    assert (event.type, event.object.name) == (EventType.MODIFIED, "n2")
+    query = api.seen("GET", "/api/v1/nodes")[-1].query
+    assert query["watch"] == ["true"] and query["fieldSelector"] == ["metadata.name=n2"]

@@ -99,12 +99,15 @@ class MemoryCluster:
             except KeyError:
                 raise NotFound(f'node "{name}" not found') from None
 
-    def list_nodes(self) -> Listing[Node]:
+    def list_nodes(self, name: str | None = None) -> Listing[Node]:
         with self._lock:
-            return Listing(list(self._nodes.values()), str(self._version))
+            nodes = [n for n in self._nodes.values() if name in (None, n.name)]
+            return Listing(nodes, str(self._version))
 
-    def watch_nodes(self, resource_version: str) -> MemoryWatch:
-        return self._watch(resource_version, _kind_filter(Node))
+    def watch_nodes(self, resource_version: str, name: str | None = None) -> MemoryWatch:
+        if name is None:
+            return self._watch(resource_version, _kind_filter(Node))
+        return self._watch(resource_version, _named_node_filter(name))
 
     def patch_node_annotations(self, name: str, annotations: Mapping[str, str | None]) -> Node:
         with self._lock:
@@ -206,11 +209,6 @@ class MemoryCluster:
             )
             return self._put_node(node.model_copy(update={"metadata": meta}), EventType.MODIFIED)
 
-    def delete_node(self, name: str) -> None:
-        with self._lock:
-            node = self._nodes.pop(self.get_node(name).name)
-            self._publish(WatchEvent(EventType.DELETED, self._stamped(node)))
-
     def create_pod(self, pod: Pod) -> Pod:
         with self._lock:
             if pod.key in self._pods:
@@ -305,6 +303,14 @@ class MemoryCluster:
 def _kind_filter(kind: type) -> "_Translate":
     def translate(change: _Change) -> WatchEvent | None:
         return change.event if isinstance(change.event.object, kind) else None
+
+    return translate
+
+
+def _named_node_filter(name: str) -> "_Translate":
+    def translate(change: _Change) -> WatchEvent | None:
+        node = change.event.object
+        return change.event if isinstance(node, Node) and node.name == name else None
 
     return translate
 

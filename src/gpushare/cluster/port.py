@@ -74,10 +74,6 @@ class ObjectRef:
         meta = pod.metadata
         return cls("Pod", meta.name, meta.namespace, meta.uid)
 
-    @classmethod
-    def of_node(cls, node: Node) -> "ObjectRef":
-        return cls("Node", node.name, "", node.metadata.uid)
-
 
 class Watch(Protocol[T]):
     """A stream of events; iteration ends after stop() or when the server ends it."""
@@ -90,9 +86,12 @@ class Watch(Protocol[T]):
 class Cluster(Protocol):
     def get_node(self, name: str) -> Node: ...
 
-    def list_nodes(self) -> Listing[Node]: ...
+    def list_nodes(self, name: str | None = None) -> Listing[Node]:
+        """All nodes, or only the one named (a metadata.name field selector): a node's
+        own component must not receive every other node's heartbeats."""
+        ...
 
-    def watch_nodes(self, resource_version: str) -> Watch[Node]: ...
+    def watch_nodes(self, resource_version: str, name: str | None = None) -> Watch[Node]: ...
 
     def patch_node_annotations(self, name: str, annotations: Mapping[str, str | None]) -> Node:
         """Merge annotations into the node; a None value deletes the key."""

@@ -240,13 +240,6 @@ class AdmissionQueue:
         with self._lock:
             self._served.pop((uid, container), None)
 
-    def bound_pod(self, key: str) -> tuple[Pod, PodAllocation] | None:
-        with self._lock:
-            for bound in self._pods.values():
-                if bound.pod.key == key:
-                    return bound.pod, bound.allocation
-            return None
-
     def uids(self) -> list[str]:
         with self._lock:
             return list(self._pods)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from gpushare.cluster import Cluster, EventType, Listing, WatchEvent
+from gpushare.cluster import Cluster, EventType, WatchEvent
 from gpushare.deviceplugin.admission import AdmissionQueue
 from gpushare.deviceplugin.allocator import Allocator
 from gpushare.deviceplugin.assignment import AssignmentWriter
@@ -109,8 +109,14 @@ class DevicePlugin:
             self.metrics,
             config.poll_interval,
         )
+        # Only its own Node: with every node's heartbeats, N plugins would make the API
+        # server stream N x N updates.
         self._node_informer = Informer(
-            "node-informer", self._list_own_node, cluster.watch_nodes, self._on_nodes, self._on_node
+            "node-informer",
+            lambda: cluster.list_nodes(config.node_name),
+            lambda rv: cluster.watch_nodes(rv, config.node_name),
+            self._on_nodes,
+            self._on_node,
         )
         self._pod_informer = Informer(
             "pod-informer",
@@ -183,12 +189,6 @@ class DevicePlugin:
             except Exception:
                 log.exception("watching GPU health failed; trying again in %.0fs", HEALTH_RETRY)
                 self._stopped.wait(HEALTH_RETRY)
-
-    def _list_own_node(self) -> Listing[Node]:
-        # The port lists all nodes; the collection's resourceVersion is where the watch starts.
-        listing = self.cluster.list_nodes()
-        own = [n for n in listing.items if n.name == self.config.node_name]
-        return Listing(own, listing.resource_version)
 
     def _on_nodes(self, nodes: list[Node]) -> None:
         if not nodes:

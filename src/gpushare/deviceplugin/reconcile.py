@@ -65,11 +65,6 @@ class Reconciler(Worker):
             self._due = min(self._due, time.monotonic() + self._delay)
             self._cond.notify_all()
 
-    def wait_runs(self, runs: int, timeout: float) -> bool:
-        """Waits until `runs` reconciliations have completed in all."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._runs >= runs, timeout)
-
     @property
     def runs(self) -> int:
         with self._cond:

@@ -122,16 +122,17 @@ class KubeCluster:
     def get_node(self, name: str) -> Node:
         return self._one(Node, f"node {name}", self.core.read_node, name)
 
-    def list_nodes(self) -> Listing[Node]:
-        return self._listing(Node, "nodes", self.core.list_node)
+    def list_nodes(self, name: str | None = None) -> Listing[Node]:
+        return self._listing(Node, "nodes", self.core.list_node, **_name_selector(name))
 
-    def watch_nodes(self, resource_version: str) -> KubeWatch[Node]:
+    def watch_nodes(self, resource_version: str, name: str | None = None) -> KubeWatch[Node]:
         return KubeWatch(
             Node,
             self.core.list_node,
             self.api,
             resource_version=resource_version,
             timeout_seconds=self.watch_timeout_s,
+            **_name_selector(name),
         )
 
     def patch_node_annotations(self, name: str, annotations: Mapping[str, str | None]) -> Node:
@@ -344,6 +345,10 @@ def _load_kubeconfig(paths: str, configuration: client.Configuration) -> str:
     except ConfigException as err:
         raise ConfigException(f"the kubeconfig {paths}: {err}") from None
     return f"kubeconfig {paths}"
+
+
+def _name_selector(name: str | None) -> dict[str, str]:
+    return {"field_selector": f"metadata.name={name}"} if name else {}
 
 
 def _node_selector(node_name: str | None) -> dict[str, str]:

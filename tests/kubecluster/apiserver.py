@@ -30,6 +30,11 @@ class Seen:
     body: Any
 
 
+@dataclass(frozen=True)
+class Bookmark:
+    resource_version: str
+
+
 def status(code: int, reason: str, message: str) -> dict[str, Any]:
     return {
         "kind": "Status",
@@ -209,7 +214,16 @@ class ApiServer:
             "items": [item.to_manifest() for item in listing.items],
         }
 
+    def bookmark(self, resource_version: str) -> None:
+        """Sends a BOOKMARK at this version down every open watch that asked for them."""
+        with self._lock:
+            watches = list(self._watches)
+        for watch in watches:
+            if getattr(watch, "bookmarks", False):
+                watch.push(Bookmark(resource_version))
+
     def _watch(self, watch, query):
+        watch.bookmarks = (query.get("allowWatchBookmarks") or [""])[0] == "true"
         with self._lock:
             self._watches.add(watch)
         timeout = float((query.get("timeoutSeconds") or ["300"])[0])
@@ -287,6 +301,10 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
                     self._chunk({"type": "ERROR", "object": status(410, "Expired", watch.message)})
                 else:
                     for event in watch:
+                        if isinstance(event, Bookmark):
+                            meta = {"resourceVersion": event.resource_version}
+                            self._chunk({"type": "BOOKMARK", "object": {"metadata": meta}})
+                            continue
                         self._chunk(
                             {"type": event.type.value, "object": event.object.to_manifest()}
                         )

@@ -243,3 +243,21 @@ def test_one_node_is_listed_and_watched_by_its_name(memory, api, kube):
     assert (event.type, event.object.name) == (EventType.MODIFIED, "n2")
     query = api.seen("GET", "/api/v1/nodes")[-1].query
     assert query["watch"] == ["true"] and query["fieldSelector"] == ["metadata.name=n2"]
+
+
+def test_lists_come_from_the_watch_cache_and_watches_take_bookmarks(memory, api, kube):
+    """resourceVersion=0 lists spare etcd; a bookmark moves where the next watch starts,
+    so a quiet collection does not fall out of the server's window (410, a full list)."""
+    listing = kube.list_pods()
+    assert api.seen("GET", "/api/v1/pods")[-1].query["resourceVersion"] == ["0"]
+    watch = kube.watch_pods(listing.resource_version)
+    memory.create_pod(pod("a", mem=1))
+    event = next(watch)
+    query = api.seen("GET", "/api/v1/pods")[-1].query
+    assert query["watch"] == ["true"] and query["allowWatchBookmarks"] == ["true"]
+    assert watch.resume_from == event.object.metadata.resource_version
+    api.bookmark("9999")
+    api.end_watches()  # the server ends the stream right after the bookmark
+    with pytest.raises(StopIteration):
+        next(watch)
+    assert watch.resume_from == "9999"

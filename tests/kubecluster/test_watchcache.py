@@ -200,3 +200,29 @@ def test_over_the_kubernetes_api_it_survives_dropped_streams_and_410(memory):
     finally:
         cache.stop()
         api.close()
+
+
+def test_over_the_kubernetes_api_it_resumes_from_the_last_bookmark(memory):
+    api = ApiServer(memory)
+    configuration = client.Configuration()
+    configuration.host = api.url
+    kube = KubeCluster(client.ApiClient(configuration), watch_timeout_s=30)
+    mirror = Mirror()
+    cache = pod_cache(kube, mirror)
+    try:
+        assert cache.synced.wait(10)
+        eventually(lambda: any(r.query.get("watch") for r in api.seen("GET", "/api/v1/pods")))
+        memory.add_node(node("quiet", "1x16GiB"))  # the version moves; no pod event
+        newer = memory.list_nodes().resource_version
+        api.bookmark(newer)
+        api.end_watches()
+
+        def resumed_at() -> list[str]:
+            watches = [r for r in api.seen("GET", "/api/v1/pods") if r.query.get("watch")]
+            return watches[-1].query["resourceVersion"] if len(watches) > 1 else []
+
+        eventually(lambda: resumed_at() == [newer])
+        assert cache.relists == 0
+    finally:
+        cache.stop()
+        api.close()

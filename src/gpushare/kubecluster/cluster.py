@@ -52,16 +52,28 @@ IN_CLUSTER = "the in-cluster service account"
 _ASSIGNED = re.compile(r'is already assigned to node "([^"]*)"')
 
 
+class _RawWatch(ClientWatch):
+    """The client's watch without its model decoding: each event stays the API's JSON,
+    decoded once, into the core's models (not client model, then dict, then ours)."""
+
+    def get_return_type(self, func: Any) -> None:
+        return None
+
+
 class KubeWatch(Iterator[WatchEvent[_T]]):
-    """One watch request: iterates events until the server ends the stream or stop()."""
+    """One watch request, with bookmarks: iterates events until the server ends the
+    stream or stop(). `resume_from` is the version the next watch starts at: the latest
+    event's or bookmark's, so a quiet collection does not fall out of the server's
+    window and cost a full list (410 Gone)."""
 
     def __init__(
         self, kind: type[_T], list_call: Any, api: client.ApiClient, **kwargs: Any
     ) -> None:
         self._kind = kind
         self._api = api
-        self._watch = ClientWatch()
-        self._events = self._watch.stream(list_call, **kwargs)
+        self._watch = _RawWatch()
+        self._events = self._watch.stream(list_call, allow_watch_bookmarks=True, **kwargs)
+        self.resume_from = ""
 
     def __iter__(self) -> "KubeWatch[_T]":
         return self
@@ -77,10 +89,12 @@ class KubeWatch(Iterator[WatchEvent[_T]]):
             except Exception as err:  # the connection dropped mid-stream
                 raise ClusterError(f"watch stream failed: {err}") from err
             kind = raw.get("type")
+            version = ((raw.get("object") or {}).get("metadata") or {}).get("resourceVersion")
+            if version:
+                self.resume_from = version
             if kind in ("ADDED", "MODIFIED", "DELETED"):
-                obj = _convert(self._kind, self._api.sanitize_for_serialization(raw["object"]))
-                return WatchEvent(EventType(kind), obj)
-            # BOOKMARK and anything newer: nothing for the port; keep reading.
+                return WatchEvent(EventType(kind), _convert(self._kind, raw["object"]))
+            # BOOKMARK and anything newer: only its version matters; keep reading.
 
     def stop(self) -> None:
         self._watch.stop()
@@ -296,13 +310,15 @@ class KubeCluster:
         return _convert(kind, self.api.sanitize_for_serialization(obj))
 
     def _listing(self, kind: type[_T], what: str, call: Any, **kwargs: Any) -> Listing[_T]:
+        """A list served from the API server's watch cache (resourceVersion=0: no read
+        from etcd), decoded once from its JSON; the watch that follows starts at it."""
         try:
-            result = call(**kwargs)
+            response = call(resource_version="0", _preload_content=False, **kwargs)
+            raw = json.loads(response.data)
         except ApiException as err:
             raise _translate(err, f"list {what}") from err
         except Exception as err:
             raise ClusterError(f"list {what}: {err}") from err
-        raw = self.api.sanitize_for_serialization(result)
         items = [_convert(kind, item) for item in raw.get("items") or []]
         return Listing(items, (raw.get("metadata") or {}).get("resourceVersion", ""))
 

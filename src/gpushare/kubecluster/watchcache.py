@@ -149,7 +149,9 @@ class WatchCache(Generic[T]):
             with self._lock:
                 self._current = None
             watch.stop()
-        return version, events
+        # A watch that sees bookmarks knows a newer place to resume from than the last
+        # event (kubecluster.KubeWatch); the in-memory one does not need to.
+        return getattr(watch, "resume_from", "") or version, events
 
     def _apply(self, event: WatchEvent[T]) -> str:
         obj = event.object

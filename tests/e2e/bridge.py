@@ -11,17 +11,15 @@ built offline), kube-scheduler from the harness's `mkimage-binary.sh` holding th
 version's own binary.
 """
 
-import importlib.util
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Final
 
 from tests.e2e.chart_scenarios import Installed
 from tests.e2e.helm import HelmRelease
-from tests.e2e.kube import ROOT, run, wait_for
+from tests.e2e.kube import run, wait_for
 from tests.e2e.local import GPU_SIZES, MOCK_GPUS, NODE, LocalCluster
 from tests.e2e.workloads import BUSYBOX
 
@@ -31,17 +29,6 @@ IMAGE: Final = "local/gpushare:e2e"
 SCHEDULER_IMAGE: Final = "local/kube-scheduler"
 MODE: Final = "core_mem"
 GPU_COUNT: Final = len(GPU_SIZES)
-
-
-def image_builder() -> ModuleType:
-    """scripts/build_image.py, the offline image build (a script, not a package)."""
-    spec = importlib.util.spec_from_file_location(
-        "build_image", ROOT / "scripts" / "build_image.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def missing_image_prerequisites() -> str | None:

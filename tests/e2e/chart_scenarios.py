@@ -18,6 +18,7 @@ from gpushare.manifests import pods_from_manifests
 from gpushare.objects import Pod
 from gpushare.request import parse_pod_request
 from tests.e2e.checks import (
+    admission_failures,
     assert_env_matches_annotation,
     assert_placed_as_asked,
     assert_within_capacity,
@@ -25,7 +26,7 @@ from tests.e2e.checks import (
 )
 from tests.e2e.helm import HelmRelease
 from tests.e2e.kube import KubectlTarget, wait_for
-from tests.e2e.workloads import WORKLOAD_LABEL, gpu_pod, manifests
+from tests.e2e.workloads import WORKLOAD_LABEL, gpu_job, gpu_pod, manifests
 
 PART_OF = "app.kubernetes.io/part-of=gpushare"
 SCHEDULER_LEASE = "gpushare-scheduler"
@@ -219,14 +220,6 @@ def create_retrying_webhook_failures(
 # ----- the device plugin's pod
 
 
-def _admission_failures(pods: list[dict[str, Any]]) -> list[str]:
-    return [
-        f"{p['metadata']['name']}: {p['status'].get('reason')} {p['status'].get('message')}"
-        for p in pods
-        if p["status"].get("phase") == "Failed"
-    ]
-
-
 def plugin_pod_deleted_mid_admission(installed: Installed, node: str) -> tuple[int, int]:
     """A Job's pods are being admitted on `node` (one that isolates compute) when its
     node pod is deleted: the DaemonSet brings it back, it registers again, every pod of
@@ -234,21 +227,12 @@ def plugin_pod_deleted_mid_admission(installed: Installed, node: str) -> tuple[i
     Returns (running, rejected)."""
     [node_pod] = [p for p in installed.component_pods("node") if p["spec"]["nodeName"] == node]
     gpu_mem = installed.allocatable(node, "aliyun.com/gpu-mem")
-    template = installed.gpu_pod("mid", 2, 10)
-    job = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "mid-admission", "labels": template["metadata"]["labels"]},
-        "spec": {
-            "parallelism": 10,
-            "completions": 10,
-            "backoffLimit": 20,
-            "template": {
-                "metadata": {"labels": template["metadata"]["labels"]},
-                "spec": {**template["spec"], "nodeSelector": {"kubernetes.io/hostname": node}},
-            },
-        },
-    }
+    job = gpu_job(
+        "mid-admission",
+        installed.gpu_pod("mid", 2, 10),
+        10,
+        nodeSelector={"kubernetes.io/hostname": node},
+    )
     installed.target.create([job])
     time.sleep(1)
     installed.target.kubectl(
@@ -272,7 +256,7 @@ def plugin_pod_deleted_mid_admission(installed: Installed, node: str) -> tuple[i
         every=0.5,
     )
     running = [p for p in pods if p["status"]["phase"] == "Running"]
-    failed = _admission_failures(pods)
+    failed = admission_failures(pods)
     assert all("UnexpectedAdmissionError" in f for f in failed), failed
     assert assert_env_matches_annotation(installed.target, running) == len(running)
     state, _ = cluster_state(installed.target)

@@ -85,3 +85,12 @@ def assert_env_matches_annotation(target: KubectlTarget, pods: list[dict[str, An
             assert container.assigned, f"{where} never marked assigned"
             checked += 1
     return checked
+
+
+def admission_failures(pods: list[dict[str, Any]]) -> list[str]:
+    """Pods the kubelet rejected, each as `name: reason message`."""
+    return [
+        f"{p['metadata']['name']}: {p['status'].get('reason')} {p['status'].get('message')}"
+        for p in pods
+        if p["status"].get("phase") == "Failed"
+    ]

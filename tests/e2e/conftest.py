@@ -31,6 +31,7 @@ from tests.e2e.helm import HelmRelease
 from tests.e2e.kind import Kind, missing_prerequisites
 from tests.e2e.kube import ROOT, KubectlTarget, run, wait_for
 from tests.e2e.workloads import IMAGE, WORKLOAD_LABEL
+from tests.test_dockerfile import OFFLINE
 
 RELEASE = "gs"
 SYSTEM_NAMESPACE = "gpushare-system"
@@ -170,27 +171,36 @@ def local(
     bins = local_tier.binaries(source, root)
     state = root / f"gpushare-e2e-{bins.version}"
     cluster = local_tier.LocalCluster(kubeconfig=state / "kubeconfig", state=state, bins=bins)
+    yield from _up_for_the_tests(cluster, "real-cluster", tmp_path_factory)
+
+
+def _up_for_the_tests(
+    cluster: local_tier.LocalCluster, tier: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[local_tier.LocalCluster]:
+    """Brings the cluster up for its tests; afterwards dumps its state if one of them
+    failed, then takes it down (unless GPUSHARE_E2E_KEEP=1)."""
+    version = cluster.version
     _local_failures.clear()
     started = time.monotonic()
     try:
         cluster.up()
         print(
-            f"\nlocal cluster {bins.version}: "
+            f"\n{tier} {version}: "
             + ", ".join(f"{what} {seconds:.1f}s" for what, seconds in cluster.timings.items())
         )
         yield cluster
     except BaseException:
-        _local_failures.append("local cluster setup")
+        _local_failures.append(f"{tier} cluster setup")
         raise
     finally:
         if _local_failures:
-            logs = cluster.dump(tmp_path_factory.getbasetemp() / f"realcluster-{bins.version}")
-            print(f"\nreal-cluster failures {_local_failures}: state and logs in {logs}")
+            logs = cluster.dump(tmp_path_factory.getbasetemp() / f"{tier}-{version}")
+            print(f"\n{tier} failures {_local_failures}: state and logs in {logs}")
         if os.environ.get("GPUSHARE_E2E_KEEP") == "1":
             print(f"\nGPUSHARE_E2E_KEEP=1: cluster left running; KUBECONFIG={cluster.kubeconfig}")
         else:
             cluster.down()
-        print(f"\nreal-cluster tier on {bins.version}: {time.monotonic() - started:.0f}s")
+        print(f"\n{tier} tier on {version}: {time.monotonic() - started:.0f}s")
 
 
 @pytest.fixture
@@ -211,8 +221,7 @@ def gpushare_image() -> object:
     if reason:
         pytest.skip(reason)
     root = Path(os.environ.get("GPUSHARE_E2E_STATE_ROOT", "/tmp"))
-    builder = bridge.image_builder()
-    return builder.build(bridge.IMAGE, root / "gpushare-e2e-image" / "gpushare.tar")
+    return OFFLINE.build(bridge.IMAGE, root / "gpushare-e2e-image" / "gpushare.tar")
 
 
 @pytest.fixture(scope="module", params=local_tier.sources() or [None], ids=_version_id)
@@ -233,27 +242,7 @@ def chart_cluster(
     cluster = bridge.ChartCluster(
         kubeconfig=state / "kubeconfig", state=state, bins=bins, image_archive=image.archive
     )
-    _local_failures.clear()
-    started = time.monotonic()
-    try:
-        cluster.up()
-        print(
-            f"\nchart on local cluster {bins.version}: "
-            + ", ".join(f"{what} {seconds:.1f}s" for what, seconds in cluster.timings.items())
-        )
-        yield cluster
-    except BaseException:
-        _local_failures.append("chart cluster setup")
-        raise
-    finally:
-        if _local_failures:
-            logs = cluster.dump(tmp_path_factory.getbasetemp() / f"chart-{bins.version}")
-            print(f"\nchart-tier failures {_local_failures}: state and logs in {logs}")
-        if os.environ.get("GPUSHARE_E2E_KEEP") == "1":
-            print(f"\nGPUSHARE_E2E_KEEP=1: cluster left running; KUBECONFIG={cluster.kubeconfig}")
-        else:
-            cluster.down()
-        print(f"\nchart tier on {bins.version}: {time.monotonic() - started:.0f}s")
+    yield from _up_for_the_tests(cluster, "chart", tmp_path_factory)
 
 
 @pytest.hookimpl(trylast=True)

@@ -15,13 +15,14 @@ import pytest
 from gpushare import annotation
 from gpushare.objects import Pod
 from tests.e2e.checks import (
+    admission_failures,
     assert_env_matches_annotation,
     assert_within_capacity,
     cluster_state,
 )
 from tests.e2e.kube import wait_for
 from tests.e2e.local import GPU_SIZES, NODE, LocalCluster
-from tests.e2e.workloads import WORKLOAD_LABEL, busybox_pod
+from tests.e2e.workloads import WORKLOAD_LABEL, busybox_pod, gpu_job
 
 pytestmark = [
     pytest.mark.realcluster,
@@ -42,14 +43,6 @@ def gpus_of(local: LocalCluster, name: str) -> set[int]:
 def failed_scheduling(local: LocalCluster, name: str) -> str | None:
     messages = [e["message"] for e in local.events_for(name) if e["reason"] == "FailedScheduling"]
     return messages[-1] if messages else None
-
-
-def admission_failures(pods: list[dict[str, Any]]) -> list[str]:
-    return [
-        f"{p['metadata']['name']}: {p['status'].get('reason')} {p['status'].get('message')}"
-        for p in pods
-        if p["status"].get("phase") == "Failed"
-    ]
 
 
 def fits_somewhere(local: LocalCluster, raw: dict[str, Any]) -> bool:
@@ -327,19 +320,7 @@ def test_a_device_plugin_restart_mid_burst_strands_no_pod_and_loses_no_slice(
     UnexpectedAdmissionError (it rejects, it does not wait); their Job replaces them,
     and the failed ones hold no slice."""
     assert local.plugin is not None
-    template = busybox_pod("mid", 2, 10)
-    job = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "mid-burst"},
-        "spec": {
-            "parallelism": 10,
-            "completions": 10,
-            "backoffLimit": 20,
-            "template": {"metadata": {"labels": template["metadata"]["labels"]},
-                         "spec": template["spec"]},
-        },
-    }  # fmt: skip
+    job = gpu_job("mid-burst", busybox_pod("mid", 2, 10), 10)
     local.create([job])
     time.sleep(1)
     local.plugin.stop()

@@ -112,3 +112,20 @@ def gpu_pod(
 def busybox_pod(name: str, mem: int, core: int | None = None, **kwargs: Any) -> dict[str, Any]:
     """`gpu_pod` for the local real cluster, whose only image is busybox."""
     return gpu_pod(name, mem, core, image=BUSYBOX, pull_policy="IfNotPresent", **kwargs)
+
+
+def gpu_job(name: str, pod: dict[str, Any], count: int, **pod_spec: Any) -> dict[str, Any]:
+    """A Job running `count` copies of `pod` at once (extra `pod_spec` fields merged in);
+    pods the kubelet rejects are replaced, up to twice `count`."""
+    labels = pod["metadata"]["labels"]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "parallelism": count,
+            "completions": count,
+            "backoffLimit": 2 * count,
+            "template": {"metadata": {"labels": labels}, "spec": {**pod["spec"], **pod_spec}},
+        },
+    }

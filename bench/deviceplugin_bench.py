@@ -39,10 +39,8 @@ from pathlib import Path
 import grpc
 
 from gpushare import annotation
-from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from gpushare.deviceplugin.kubelet import KubeletStandIn
 from gpushare.deviceplugin.mock import MockBackend
 from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpushare.deviceplugin.registration import SOCKET_NAMES
@@ -51,6 +49,8 @@ from gpushare.objects import Pod
 from gpushare.placement import Assignment, to_allocation
 from gpushare.request import parse_pod_request
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
+from gpushare.testing.kubelet import KubeletStandIn
+from gpushare.testing.memorycluster import MemoryCluster, gpu_node
 
 NODE = "bench-node"
 PENDING = 50

@@ -31,9 +31,9 @@ from gpushare.isolation.backends.port import GIB
 from gpushare.isolation.clock import SimulatedClock, SystemClock
 from gpushare.isolation.control import ControlTree
 from gpushare.isolation.policy import Policy
-from gpushare.isolation.scenario import Workload, place
 from gpushare.labels import NodeMode
 from gpushare.table import render
+from gpushare.testing.scenario import Workload, place
 
 SECONDS = 60.0
 TOLERANCE_PP = 3.0

@@ -11,7 +11,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-COMPONENTS = ("cli", "deviceplugin", "extender", "isolation", "kubecluster", "nvmllib", "simulator")
+COMPONENTS = (
+    "cli", "deviceplugin", "extender", "isolation",
+    "kubecluster", "nvmllib", "simulator", "testing",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +76,44 @@ def test_the_core_contract_names_every_module_of_the_core():
     }
     assert set(core["source_modules"]) == modules | subpackages
     assert set(core["forbidden_modules"]) == {f"gpushare.{c}" for c in COMPONENTS}
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: zipfile.ZipFile, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel installed on its own (its dependencies come from this venv), away
+    from the checkout: what a user or the image gets."""
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+         str(target), str(wheel.filename)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )  # fmt: skip
+    return target
+
+
+def _run_installed(target: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
+        cwd=target.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_demo_runs_from_the_installed_wheel_with_its_own_examples(installed: Path):
+    where = _run_installed(installed, "-c", "import gpushare; print(gpushare.__file__)")
+    assert where.stdout.startswith(str(installed)), where  # not the checkout's src/
+    demo = _run_installed(installed, "-m", "gpushare.cli.main", "demo")
+    assert demo.returncode == 0, demo.stderr
+    assert "cuda-sample" in demo.stdout and "core-not-multiple-of-5" in demo.stdout
+
+
+def test_the_simulators_default_trace_ships_in_the_wheel(installed: Path):
+    probe = "from gpushare.cli.simulate import default_trace_dir as d; print(*sorted(p.name for p in d().iterdir()))"  # noqa: E501
+    listed = _run_installed(installed, "-c", probe)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split() == ["openb_node_list_gpu_node.csv", "openb_pod_list_default.csv"]

@@ -7,7 +7,6 @@ import pytest
 
 from gpushare import annotation
 from gpushare.cli import inspect
-from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.cluster.port import NotFound
 from gpushare.inventory import parse_layout
 from gpushare.objects import Pod
@@ -15,6 +14,7 @@ from gpushare.placement import choose_node, to_allocation
 from gpushare.policies import policy_for
 from gpushare.request import parse_pod_request
 from gpushare.state import ClusterState
+from gpushare.testing.memorycluster import MemoryCluster, gpu_node
 from tests.builders import T0, container, pod
 from tests.kubecluster.apiserver import ApiServer
 

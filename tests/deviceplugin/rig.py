@@ -11,10 +11,8 @@ import grpc
 
 from gpushare import annotation
 from gpushare.allocation import PodAllocation
-from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from gpushare.deviceplugin.kubelet import KubeletStandIn
 from gpushare.deviceplugin.mock import MockBackend
 from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpushare.deviceplugin.registration import SOCKET_NAMES
@@ -22,6 +20,8 @@ from gpushare.inventory import node_gpus, parse_layout
 from gpushare.objects import Pod
 from gpushare.placement import Assignment, to_allocation
 from gpushare.request import parse_pod_request
+from gpushare.testing.kubelet import KubeletStandIn
+from gpushare.testing.memorycluster import MemoryCluster, gpu_node
 from tests.builders import T0, pod
 
 WAIT = 5.0

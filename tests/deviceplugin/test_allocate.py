@@ -5,7 +5,6 @@ import grpc
 import pytest
 
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
-from gpushare.deviceplugin.kubelet import AdmissionFailed
 from gpushare.environment import (
     CGPU_DISABLE,
     CONTAINER,
@@ -16,6 +15,7 @@ from gpushare.environment import (
     POD,
 )
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
+from gpushare.testing.kubelet import AdmissionFailed
 from tests.builders import container
 from tests.builders import pod as pod_spec
 from tests.deviceplugin.rig import WAIT, allocate, eventually, plugin_client

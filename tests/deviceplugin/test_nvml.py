@@ -7,8 +7,6 @@ from datetime import UTC, datetime
 import pytest
 
 from gpushare import annotation
-from gpushare.cluster.memory import MemoryCluster, gpu_node
-from gpushare.deviceplugin.kubelet import KubeletStandIn
 from gpushare.deviceplugin.nvml import NvmlBackend
 from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpushare.environment import NVIDIA_VISIBLE_DEVICES
@@ -16,6 +14,8 @@ from gpushare.inventory import node_gpus
 from gpushare.placement import Assignment, to_allocation
 from gpushare.request import parse_pod_request
 from gpushare.resources import GPU_COUNT, GPU_MEM
+from gpushare.testing.kubelet import KubeletStandIn
+from gpushare.testing.memorycluster import MemoryCluster, gpu_node
 from tests.builders import pod
 from tests.deviceplugin.rig import WAIT
 

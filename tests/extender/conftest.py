@@ -2,7 +2,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpushare.cluster.memory import MemoryCluster
+from gpushare.testing.memorycluster import MemoryCluster
 from tests.extender.harness import Scheduler
 
 

@@ -1,11 +1,11 @@
 """The demo's extender stage: admission through the webhook, placement through the
 scheduler stand-in, all over HTTP on loopback."""
 
+from gpushare.cli.demo.extender import ExtenderStage
 from gpushare.cli.main import main
-from gpushare.cluster.memory import MemoryCluster
-from gpushare.extender.demo import ExtenderStage
-from gpushare.extender.schedulerstandin import SchedulerStandIn
 from gpushare.objects import Pod
+from gpushare.testing.memorycluster import MemoryCluster
+from gpushare.testing.scheduler import SchedulerStandIn
 from tests.builders import node, pod
 
 

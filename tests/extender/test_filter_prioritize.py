@@ -2,8 +2,8 @@
 
 import json
 
-from gpushare.cluster.memory import gpu_node
 from gpushare.inventory import parse_layout
+from gpushare.testing.memorycluster import gpu_node
 from tests.builders import node, pod
 from tests.extender.harness import PREFIX, allocation_of, pod_json
 

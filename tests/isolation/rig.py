@@ -11,8 +11,8 @@ from gpushare.isolation.backends.mock import MockBackend, MockContainer
 from gpushare.isolation.clock import SimulatedClock
 from gpushare.isolation.control import ControlTree
 from gpushare.isolation.metrics import AgentMetrics
-from gpushare.isolation.scenario import Node, Workload, place
 from gpushare.labels import NodeMode
+from gpushare.testing.scenario import Node, Workload, place
 
 NODE = "gpu-node-1"
 """The node name the rig's agent reports in its metrics."""

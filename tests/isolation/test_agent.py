@@ -9,8 +9,8 @@ from gpushare.isolation.backends.mock import Demand, MemoryStep, MockContainer
 from gpushare.isolation.backends.port import GIB
 from gpushare.isolation.control import ControlTree
 from gpushare.isolation.policy import Policy
-from gpushare.isolation.scenario import Workload, place
 from gpushare.labels import NodeMode
+from gpushare.testing.scenario import Workload, place
 from tests.isolation.rig import NODE, SLICE, rig
 
 

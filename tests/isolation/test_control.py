@@ -17,7 +17,7 @@ from gpushare.isolation.control import (
     render,
 )
 from gpushare.isolation.policy import Policy
-from gpushare.isolation.scenario import Workload
+from gpushare.testing.scenario import Workload
 from tests.isolation.rig import NODE, SLICE, rig
 
 CID = "c" * 64

@@ -3,8 +3,8 @@
 import re
 import time
 
+from gpushare.cli.demo.isolation import run_stage
 from gpushare.cli.main import main
-from gpushare.isolation.demo import run_stage
 
 
 def row(report: str, pod: str) -> list[str]:

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlparse
 import yaml
 
 from gpushare.cluster import AlreadyBound, Conflict, Expired, NotFound
-from gpushare.cluster.memory import MemoryCluster
+from gpushare.testing.memorycluster import MemoryCluster
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from gpushare.cluster import (
     NotFound,
     ObjectRef,
 )
-from gpushare.cluster.memory import MemoryCluster
 from gpushare.kubecluster import KubeCluster
+from gpushare.testing.memorycluster import MemoryCluster
 from tests.builders import node, pod
 from tests.kubecluster.apiserver import ApiServer
 

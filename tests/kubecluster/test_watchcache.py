@@ -9,9 +9,9 @@ import pytest
 from kubernetes import client
 
 from gpushare.cluster import ClusterError, EventType
-from gpushare.cluster.memory import MemoryCluster, MemoryWatch
 from gpushare.kubecluster import Backoff, KubeCluster, WatchCache
 from gpushare.objects import Pod
+from gpushare.testing.memorycluster import MemoryCluster, MemoryWatch
 from tests.builders import node, pod
 from tests.kubecluster.apiserver import ApiServer
 

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from importlib import resources
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -31,7 +32,8 @@ DEFAULT_POLICIES = (OUR_POLICY, "fgd", "bestfit")
 
 
 def default_trace_dir() -> Path:
-    return Path(__file__).resolve().parents[3] / "data" / "openb"
+    """The openb trace shipped as package data (see pyproject.toml)."""
+    return Path(str(resources.files("gpushare.cli") / "data" / "openb"))
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -21,9 +21,9 @@ from gpushare.isolation.backends.mock import MemoryStep, MockBackend
 from gpushare.isolation.backends.port import GIB
 from gpushare.isolation.clock import SimulatedClock
 from gpushare.isolation.control import ControlTree
-from gpushare.isolation.scenario import Node, Workload, place
 from gpushare.labels import NodeMode
 from gpushare.table import render
+from gpushare.testing.scenario import Node, Workload, place
 
 NODE: Final = "gpu-node-1"
 LAYOUT: Final = "2x16GiB:Tesla-T4"

@@ -5,24 +5,25 @@ real extender HTTP service on loopback (filter, prioritize, bind, as
 kube-scheduler calls them); the invalid examples show how a pod is refused, and
 one pod too big for any GPU shows how a pod stays Pending. Then the real device
 plugin admits the bound pods over its gRPC socket, driven by a kubelet stand-in
-(deviceplugin/demo.py), and the isolation agent runs on mock GPUs and enforces
-its policies (isolation/demo.py).
+(admission.py), and the isolation agent runs on mock GPUs and enforces its
+policies (isolation.py).
 """
 
 import argparse
+from importlib import resources
 from pathlib import Path
 
 import yaml
 
 from gpushare.allocation import PodAllocation
-from gpushare.cluster.memory import MemoryCluster, gpu_node
-from gpushare.deviceplugin import demo as admission
-from gpushare.extender.demo import LARGE_MODELS, ExtenderStage
+from gpushare.cli.demo import admission
+from gpushare.cli.demo.extender import LARGE_MODELS, ExtenderStage
+from gpushare.cli.demo.isolation import run_stage as isolation_stage
 from gpushare.inventory import parse_layout
-from gpushare.isolation.demo import run_stage as isolation_stage
 from gpushare.manifests import pods_from_manifests
 from gpushare.state import ClusterState
 from gpushare.table import render
+from gpushare.testing.memorycluster import MemoryCluster, gpu_node
 
 DEMO_NODES = (
     ("gpu-node-1", "core_mem", "2x16GiB:Tesla-T4", "10.0.0.11"),
@@ -32,7 +33,9 @@ DEMO_NODES = (
 
 
 def default_examples() -> Path:
-    return Path(__file__).resolve().parents[3] / "examples"
+    """The examples/ shipped as package data: the demo runs the same from a checkout,
+    an installed wheel or the image."""
+    return Path(str(resources.files("gpushare.cli") / "examples"))
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -45,7 +48,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--examples",
         type=Path,
         default=default_examples(),
-        help="directory of pod YAMLs to apply (default: the repository's examples/)",
+        help="directory of pod YAMLs to apply (default: the examples shipped with gpushare)",
     )
     parser.set_defaults(run=run)
 

@@ -13,7 +13,7 @@ from gpushare.cluster import (
     NotFound,
     ObjectRef,
 )
-from gpushare.cluster.memory import MemoryCluster
+from gpushare.testing.memorycluster import MemoryCluster
 from tests.builders import node, pod
 
 

@@ -8,8 +8,9 @@ from collections.abc import Callable
 import pytest
 from kubernetes import client
 
+from gpushare.backoff import Backoff
 from gpushare.cluster import ClusterError, EventType
-from gpushare.kubecluster import Backoff, KubeCluster, WatchCache
+from gpushare.kubecluster import KubeCluster, WatchCache
 from gpushare.objects import Pod
 from gpushare.testing.memorycluster import MemoryCluster, MemoryWatch
 from tests.builders import node, pod
@@ -162,11 +163,6 @@ def test_objects_that_stop_being_interesting_leave_the_cache(memory):
         eventually(lambda: "default/p" not in mirror.pods)
     finally:
         cache.stop()
-
-
-def test_backoff_doubles_up_to_its_maximum():
-    backoff = Backoff(initial=1, maximum=8, jitter=0)
-    assert [backoff.delay(n) for n in range(1, 6)] == [1, 2, 4, 8, 8]
 
 
 def test_over_the_kubernetes_api_it_survives_dropped_streams_and_410(memory):

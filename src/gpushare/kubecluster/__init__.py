@@ -2,6 +2,6 @@
 cache that keeps a component's view of the cluster current (`WatchCache`)."""
 
 from gpushare.kubecluster.cluster import KubeCluster
-from gpushare.kubecluster.watchcache import Backoff, CacheSink, WatchCache
+from gpushare.kubecluster.watchcache import CacheSink, WatchCache
 
-__all__ = ["Backoff", "CacheSink", "KubeCluster", "WatchCache"]
+__all__ = ["CacheSink", "KubeCluster", "WatchCache"]

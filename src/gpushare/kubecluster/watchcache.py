@@ -9,13 +9,12 @@ code runs over the Kubernetes API and over the in-memory cluster.
 """
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from gpushare.backoff import Backoff
 from gpushare.cluster import EventType, Expired, Listing, Watch, WatchEvent
 from gpushare.objects import Node, Pod
 
@@ -34,21 +33,6 @@ class CacheSink(Protocol[T_contra]):
     def replace(self, items: list[T_contra]) -> None: ...
 
     def apply(self, event_type: EventType, obj: T_contra) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Delays between reconnects: doubling from `initial` up to `maximum`, with jitter
-    so that many replicas do not hammer a recovering API server in step."""
-
-    initial: float = 0.2
-    maximum: float = 30.0
-    factor: float = 2.0
-    jitter: float = 0.2
-
-    def delay(self, failures: int) -> float:
-        base = min(self.maximum, self.initial * self.factor ** max(failures - 1, 0))
-        return base * (1 + random.uniform(-self.jitter, self.jitter))
 
 
 class WatchCache(Generic[T]):

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpushare.request import ContainerRole, JobType
 
-ALLOCATION_VERSION = 1
+ALLOCATION_VERSION: Literal[1] = 1
 
 
 class _Frozen(BaseModel):

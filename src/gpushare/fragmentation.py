@@ -95,6 +95,12 @@ def models(view: NodeView) -> frozenset[str]:
     return frozenset(g.model for g in view.gpus)
 
 
+_GpuPart = tuple[int, int, int, bool, bool]
+"""(gpus, mem, core, exclusive, fraction): the fields of _Group a GPU test reads."""
+_Member = tuple[float, int | None, frozenset[str] | None]
+"""(popularity, CPU, accepted models) of one task."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Group:
     """Tasks that fit on the same GPUs: one GPU test serves all of them."""
@@ -104,7 +110,7 @@ class _Group:
     core: int
     exclusive: bool
     fraction: bool
-    members: tuple[tuple[float, int | None, frozenset[str] | None], ...]
+    members: tuple[_Member, ...]
     """(popularity, CPU, accepted models) of each task of the group."""
 
     def copies(self, devices: Sequence[Device]) -> tuple[int, float]:
@@ -165,7 +171,7 @@ class Fragmentation:
 
     def __init__(self, workload: Workload) -> None:
         self.workload = workload
-        grouped: dict[tuple[int, int, int, bool, bool], list] = {}
+        grouped: dict[_GpuPart, list[_Member]] = {}
         self._gpu_free_weight = 0.0
         for shape, p in workload.tasks:
             if shape.gpus == 0:

@@ -28,7 +28,6 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import accumulate, combinations
 from math import comb
-from typing import NamedTuple
 
 from gpushare.allocation import PodAllocation
 from gpushare.placement import Placement, PlacementPolicy, evaluate
@@ -45,8 +44,9 @@ _NO_VICTIM = -(2**31) - 1
 """Below every pod priority (an int32): the highest priority of an empty set."""
 
 
-class EvictionCost(NamedTuple):
-    """Compared as a tuple: smaller is cheaper."""
+@dataclass(frozen=True, order=True, slots=True)
+class EvictionCost:
+    """Compared field by field, in this order: smaller is cheaper."""
 
     highest: int
     """The highest priority among the victims."""
@@ -54,6 +54,10 @@ class EvictionCost(NamedTuple):
     priority_sum: int
     mem: int
     """GPU memory the victims hold on the node, in the node's units."""
+
+    def within_level(self) -> tuple[int, int, int]:
+        """The order among sets of one priority level: the highest priority left out."""
+        return self.count, self.priority_sum, self.mem
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +194,8 @@ def _search(trial: _Trial, candidates: list[_Candidate]) -> list[_Candidate]:
     answer or the scheduler's method stands."""
     container = _one_container(trial.request)
     upper = _per_gpu(trial, container, candidates) if container is not None else None
-    if upper is not None and (container.gpus == 1 or all(len(c.charges) == 1 for c in candidates)):
+    one_gpu_each = container is not None and container.gpus == 1
+    if upper is not None and (one_gpu_each or all(len(c.charges) == 1 for c in candidates)):
         return upper
     level, pool = _lowest_level(trial, candidates)
     if upper is None or _cost(upper).highest > level:
@@ -264,7 +269,8 @@ class _Item:
     core: int
 
 
-class _Need(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class _Need:
     mem: int
     core: int
     count: int
@@ -321,7 +327,8 @@ def _per_gpu(
         if len(freeable) < container.gpus:
             continue
         covers = [_CoverSearch(pool, need).run() for pool, need in freeable]
-        covers.sort(key=lambda cover: _cost(cover)[1:])  # stable: ties to the lowest index
+        # Stable: ties go to the lowest index.
+        covers.sort(key=lambda cover: _cost(cover).within_level())
         chosen = {c.key: c for c in forced}
         for cover in covers[: container.gpus]:
             chosen.update((c.key, c) for c in cover)

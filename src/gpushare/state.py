@@ -83,6 +83,7 @@ class NodeState:
         self._start(inventory)
 
     def _start(self, inventory: NodeGpus) -> None:
+        self._view: NodeView | None = None
         self.inventory = inventory
         self.pods: dict[str, PodAllocation] = {}
         self._loads = {gpu.index: _GpuLoad() for gpu in inventory.gpus}

@@ -14,6 +14,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from kubernetes.config import ConfigException
@@ -60,7 +61,7 @@ class Report:
         )
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = commands.add_parser(
         "uninstall-cleanup",
         help="remove the node annotation and Leases gpushare left behind (helm post-delete)",
@@ -111,21 +112,22 @@ def clean(
                 report,
                 say,
                 f"{NODE_GPUS_ANNOTATION} from node {node.name}",
-                lambda name=node.name: cluster.patch_node_annotations(
-                    name, {NODE_GPUS_ANNOTATION: None}
-                ),
+                partial(cluster.patch_node_annotations, node.name, {NODE_GPUS_ANNOTATION: None}),
                 failure_prefix=f"remove {NODE_GPUS_ANNOTATION}: ",
             )
     for lease in leases:
         _remove(
-            report, say, f"lease {lease}", lambda o=lease: cluster.delete_lease(o.namespace, o.name)
+            report,
+            say,
+            f"lease {lease}",
+            partial(cluster.delete_lease, lease.namespace, lease.name),
         )
     for secret in secrets:
         _remove(
             report,
             say,
             f"secret {secret}",
-            lambda o=secret: cluster.delete_secret(o.namespace, o.name),
+            partial(cluster.delete_secret, secret.namespace, secret.name),
         )
     return report
 

@@ -16,8 +16,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from queue import SimpleQueue
-from typing import Final, NamedTuple
+from typing import Final
 
 from gpushare.allocation import ContainerAllocation, GpuSlice
 from gpushare.deviceplugin.admission import (
@@ -96,7 +97,8 @@ class FollowUps:
                 log.exception("a step after an Allocate answer failed")
 
 
-class _GaveUp(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class _GaveUp:
     """A GetPreferredAllocation that waited in vain, for the Allocate that follows."""
 
     resource: str

@@ -13,6 +13,7 @@ marked in one patch.
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
+from functools import partial
 
 from gpushare import annotation
 from gpushare.allocation import PodAllocation
@@ -105,7 +106,8 @@ class AssignmentWriter(Worker):
                 self._todo.clear()
             try:
                 for pod, names in _by_pod(batch):
-                    patch_allocation(self._cluster, pod, lambda a, n=names: a.with_assigned(n))
+                    mark = partial(PodAllocation.with_assigned, names=names)
+                    patch_allocation(self._cluster, pod, mark)
             except Exception:
                 log.exception("marking containers assigned failed")
             finally:

@@ -25,9 +25,10 @@ TIMEOUT: Final = 5.0
 def list_pod_resources(socket: Path, timeout: float = TIMEOUT) -> pr.ListPodResourcesResponse:
     """Raises grpc.RpcError (RESOURCE_EXHAUSTED when the kubelet rate-limits)."""
     with grpc.insecure_channel(f"unix://{socket}") as channel:
-        return pr_grpc.PodResourcesListerStub(channel).List(
+        response: pr.ListPodResourcesResponse = pr_grpc.PodResourcesListerStub(channel).List(
             pr.ListPodResourcesRequest(), timeout=timeout
         )
+    return response
 
 
 def holdings(response: pr.ListPodResourcesResponse, resources: Collection[str]) -> Holdings:

@@ -62,7 +62,7 @@ def load_from_driver_root(
             f"driver's root filesystem mounted there (chart value gpu.driverRoot), and is "
             f"the driver installed yet?"
         )
-    pynvml = nvml if nvml is not None else importlib.import_module("pynvml")
+    pynvml: Any = nvml if nvml is not None else importlib.import_module("pynvml")
     with pynvml.libLoadLock:
         if pynvml.nvmlLib is not None:
             return None

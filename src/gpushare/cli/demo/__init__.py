@@ -38,7 +38,7 @@ def default_examples() -> Path:
     return Path(str(resources.files("gpushare.cli") / "examples"))
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = commands.add_parser(
         "demo",
         help="place the example pods on an in-memory cluster with mock GPUs",

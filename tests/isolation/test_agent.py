@@ -4,10 +4,11 @@ import logging
 
 import pytest
 
-from gpushare.isolation.agent import IsolationAgent, MemoryAction
+from gpushare.isolation.agent import IsolationAgent
 from gpushare.isolation.backends.mock import Demand, MemoryStep, MockContainer
 from gpushare.isolation.backends.port import GIB
 from gpushare.isolation.control import ControlTree
+from gpushare.isolation.memory import MemoryAction
 from gpushare.isolation.policy import Policy
 from gpushare.labels import NodeMode
 from gpushare.testing.scenario import Workload, place

@@ -8,15 +8,15 @@ import pytest
 
 from gpushare.isolation.agent import REFRESH_S
 from gpushare.isolation.backends.port import GIB
-from gpushare.isolation.control import (
+from gpushare.isolation.control import ControlTree
+from gpushare.isolation.policy import Policy
+from gpushare.isolation.treecodec import (
     ContainerEntry,
-    ControlTree,
     GpuEntry,
     ProcessMemory,
     TreeContent,
-    render,
+    encode,
 )
-from gpushare.isolation.policy import Policy
 from gpushare.testing.scenario import Workload
 from tests.isolation.rig import NODE, SLICE, rig
 
@@ -53,7 +53,7 @@ def content(policy: Policy = Policy.WEIGHTED, weight: int = 2, containers: bool 
 
 
 def test_the_tree_mirrors_cgpu_procfs():
-    files = render(content())
+    files = encode(content())
     for name in ["version", "default_memsize", "inst_ctl"]:
         assert name in files
     for name in ["policy", "max_inst", "prio_ratio", "free_weight", "major"]:

@@ -1,19 +1,14 @@
-"""The control tree: cGPU's procfs (/proc/cgpu_km) as a directory the agent keeps.
+"""The control tree on disk: cGPU's procfs (/proc/cgpu_km) as a directory the agent keeps.
 
-    <root>/version  default_memsize  inst_ctl
-    <root>/<gpu>/policy  max_inst  prio_ratio  free_weight  major       (cGPU)
-    <root>/<gpu>/uuid  model  mem_total  util                          (gpushare, read-only)
-    <root>/<gpu>/<container-id>/id  memsize  meminfo  weight  highprio  (cGPU)
-    <root>/<gpu>/<container-id>/pod  container  util  limit  violations (gpushare, read-only)
-
-The agent writes every file atomically (a temp file renamed over it), so a
-reader never sees half a value. An operator changes a setting by writing its
-file (`echo 2 > <root>/0/policy`); `poll` finds such writes by content: it
-reads a file whenever its inode, size or mtime moved, and while its mtime is
-too young to tell a write in the same timestamp tick apart. Each write found
-is handed to the agent and the file marked stale, so the next `publish`
-rewrites it: with the new value if the agent accepted it, the old one if it
-refused.
+What each file holds is the codec's (`gpushare.isolation.treecodec`); this module
+writes and reads the files. The agent writes every file atomically (a temp file
+renamed over it), so a reader never sees half a value. An operator changes a
+setting by writing its file (`echo 2 > <root>/0/policy`); `poll` finds such
+writes by content: it reads a file whenever its inode, size or mtime moved, and
+while its mtime is too young to tell a write in the same timestamp tick apart.
+Each write found is handed to the agent and the file marked stale, so the next
+`publish` rewrites it: with the new value if the agent accepted it, the old one
+if it refused.
 """
 
 import json
@@ -21,134 +16,21 @@ import os
 import shutil
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from gpushare.isolation.policy import Policy
+from gpushare.isolation.treecodec import (
+    ControlWrite,
+    TreeContent,
+    control_write,
+    encode,
+    is_setting,
+)
 
-GPU_SETTINGS: Final = frozenset({"policy", "max_inst", "prio_ratio"})
-CONTAINER_SETTINGS: Final = frozenset({"weight", "highprio"})
 SAVED_SETTINGS: Final = ".settings.json"
 """Settings the agent accepted, kept beside the tree so they survive an agent restart."""
 _YOUNG_NS: Final = 50_000_000
 """Files whose mtime is younger than this are read, not just stat'ed (see _changed)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessMemory:
-    pid: int
-    mem_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerEntry:
-    id: str
-    pod: str
-    name: str
-    memsize: int
-    """Its memory cap on this GPU in bytes; 0 when not capped."""
-    processes: tuple[ProcessMemory, ...]
-    weight: int
-    highprio: bool
-    util: float
-    """Percent of the GPU it used recently."""
-    limit: float | None
-    """Percent of the GPU its policy promises it while it has work; None if not time-sliced."""
-    violations: int
-
-    @property
-    def mem_used(self) -> int:
-        return sum(p.mem_bytes for p in self.processes)
-
-
-@dataclass(frozen=True, slots=True)
-class GpuEntry:
-    index: int
-    uuid: str
-    model: str
-    mem_bytes: int
-    policy: Policy
-    max_inst: int
-    prio_ratio: int
-    free_weight: int
-    major: int
-    util: float
-    containers: tuple[ContainerEntry, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class TreeContent:
-    version: str
-    default_memsize: int
-    gpus: tuple[GpuEntry, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ControlWrite:
-    """A file of the tree someone other than the agent changed."""
-
-    path: str
-    gpu: int | None
-    container: str | None
-    name: str
-    raw: str
-
-
-def render(content: TreeContent) -> dict[str, str]:
-    """Every file of the tree: relative path to text."""
-    files = {
-        "version": f"{content.version}\n",
-        "default_memsize": f"{content.default_memsize}\n",
-        "inst_ctl": "".join(f"{g.index} {c.id}\n" for g in content.gpus for c in g.containers),
-    }
-    for gpu in content.gpus:
-        files.update(_gpu_files(gpu))
-        for container in gpu.containers:
-            files.update(_container_files(gpu.index, container))
-    return files
-
-
-def _gpu_files(gpu: GpuEntry) -> dict[str, str]:
-    values: dict[str, object] = {
-        "policy": int(gpu.policy),
-        "max_inst": gpu.max_inst,
-        "prio_ratio": gpu.prio_ratio,
-        "free_weight": gpu.free_weight,
-        "major": gpu.major,
-        "uuid": gpu.uuid,
-        "model": gpu.model,
-        "mem_total": gpu.mem_bytes,
-        "util": f"{gpu.util:.1f}",
-    }
-    return {f"{gpu.index}/{name}": f"{value}\n" for name, value in values.items()}
-
-
-def _container_files(gpu: int, c: ContainerEntry) -> dict[str, str]:
-    free = max(0, c.memsize - c.mem_used) if c.memsize else 0
-    meminfo = f"Free: {free}\n" + "".join(f"PID: {p.pid} Mem: {p.mem_bytes}\n" for p in c.processes)
-    values: dict[str, object] = {
-        "id": c.id,
-        "memsize": c.memsize,
-        "weight": c.weight,
-        "highprio": int(c.highprio),
-        "pod": c.pod,
-        "container": c.name,
-        "util": f"{c.util:.1f}",
-        "limit": "none" if c.limit is None else f"{c.limit:.1f}",
-        "violations": c.violations,
-    }
-    files = {f"{gpu}/{c.id}/{name}": f"{value}\n" for name, value in values.items()}
-    files[f"{gpu}/{c.id}/meminfo"] = meminfo
-    return files
-
-
-def is_setting(path: str) -> bool:
-    """Whether a file of the tree takes writes (all others are read-only)."""
-    parts = path.split("/")
-    if len(parts) == 2:
-        return parts[1] in GPU_SETTINGS
-    return len(parts) == 3 and parts[2] in CONTAINER_SETTINGS
 
 
 class ControlTree:
@@ -162,7 +44,7 @@ class ControlTree:
         self._settings: set[str] = set()
 
     def publish(self, content: TreeContent) -> None:
-        files = render(content)
+        files = encode(content)
         self._sync_dirs(content)
         for path, text in files.items():
             if self._written.get(path) != text:
@@ -260,6 +142,34 @@ class ControlTree:
         self._written = {p: t for p, t in self._written.items() if _parent(p) in wanted | {""}}
 
 
+def read_files(root: Path) -> dict[str, str]:
+    """Every file of a tree on disk (relative path to text), for readers such as cgpu-smi:
+    the top level, the GPU directories and their container directories. Hidden files (the
+    saved settings, temp files) are left out, and so are files that go while read."""
+    files: dict[str, str] = {}
+    pending = [("", str(root))]
+    while pending:
+        prefix, directory = pending.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            path = f"{prefix}{entry.name}"
+            if entry.is_dir():
+                if path.count("/") < 2:  # a GPU's directory or a container's, no deeper
+                    pending.append((f"{path}/", entry.path))
+                continue
+            try:
+                with open(entry.path, errors="replace") as file:
+                    files[path] = file.read()
+            except (FileNotFoundError, IsADirectoryError):
+                continue
+    return files
+
+
 def _replace(target: str, text: str) -> None:
     """Write a file atomically: readers see the old content or the new, never a part."""
     directory, name = os.path.split(target)
@@ -273,14 +183,6 @@ def _replace(target: str, text: str) -> None:
 
 def _parent(path: str) -> str:
     return path.rpartition("/")[0]
-
-
-def control_write(path: str, raw: str) -> ControlWrite:
-    """The write of `raw` to the file at `path` (relative to the tree's root)."""
-    parts = path.split("/")
-    gpu = int(parts[0]) if len(parts) >= 2 else None
-    container = parts[1] if len(parts) == 3 else None
-    return ControlWrite(path, gpu, container, parts[-1], raw)
 
 
 def _subdirs(directory: Path) -> list[Path]:

@@ -23,12 +23,13 @@ from types import FrameType
 from prometheus_client import start_http_server
 
 from gpushare.inventory import MemoryRounding, parse_layout
-from gpushare.isolation.agent import AgentConfig, IsolationAgent, MemoryAction
+from gpushare.isolation.agent import AgentConfig, IsolationAgent
 from gpushare.isolation.backends.mock import MockBackend, discovered_containers, mock_devices
 from gpushare.isolation.backends.port import GpuBackend
 from gpushare.isolation.backends.procfs import ProcessTable
 from gpushare.isolation.clock import Clock, SystemClock
 from gpushare.isolation.control import ControlTree
+from gpushare.isolation.memory import MemoryAction
 from gpushare.isolation.metrics import AgentMetrics
 from gpushare.isolation.policy import (
     DEFAULT_MAX_INST,

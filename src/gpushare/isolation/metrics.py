@@ -2,7 +2,7 @@
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpushare.isolation.control import TreeContent
+from gpushare.isolation.treecodec import TreeContent
 
 _CONTAINER = ["node", "gpu", "container", "pod"]
 
@@ -85,7 +85,7 @@ class AgentMetrics:
                 used, cap, util, limit = self._series[labels]
                 used.set(c.mem_used)
                 cap.set(c.memsize)
-                util.set(c.util)
+                util.set(c.util or 0.0)
                 limit.set(100.0 if c.limit is None else c.limit)
         for labels in set(self._series) - present:
             for gauge in gauges:

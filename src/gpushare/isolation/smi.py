@@ -2,8 +2,9 @@
 
 Reads only the control tree (the agent's directory mirroring cGPU's procfs), so
 it runs anywhere that directory is visible: in the agent's container or on the
-node. gpushare's own read-only files (pod, util, limit, ...) are optional, so
-a tree without them still lists every container.
+node. The files are decoded by the same codec the agent encodes them with
+(`gpushare.isolation.treecodec`); gpushare's own read-only files (pod, util,
+limit, ...) are optional, so a tree without them still lists every container.
 """
 
 import argparse
@@ -15,7 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpushare.isolation.backends.port import GIB
-from gpushare.isolation.policy import Policy
+from gpushare.isolation.control import read_files
+from gpushare.isolation.treecodec import ContainerEntry, GpuEntry, decode
 from gpushare.table import render
 
 DEFAULT_CONTROL_DIR = "/run/gpushare/cgpu"
@@ -71,72 +73,49 @@ class NoControlTree(Exception):
 
 
 def read_report(root: Path) -> Report:
-    if not (root / "version").is_file():
+    files = read_files(root)
+    if "version" not in files:
         raise NoControlTree(
             f"no control tree at {root}; is gpushare-isolation running on this node? "
             "Pass --control-dir or set GPUSHARE_CONTROL_DIR"
         )
-    gpus = []
-    for gpu_dir in sorted((d for d in _subdirs(root) if d.name.isdigit()), key=_index):
-        try:
-            gpus.append(_gpu(gpu_dir))
-        except FileNotFoundError:
-            continue  # the GPU's directory went while we read it
-    return Report(str(root), _text(root / "version"), tuple(gpus))
+    content = decode(files)
+    return Report(str(root), content.version, tuple(_gpu_row(gpu) for gpu in content.gpus))
 
 
-def parse_meminfo(text: str) -> tuple[int, tuple[ProcessRow, ...]]:
-    """`Free: <bytes>` then `PID: <n> Mem: <bytes>` lines, as cGPU writes them."""
-    free = 0
-    processes = []
-    for line in text.splitlines():
-        words = line.replace(":", " ").split()
-        if len(words) == 2 and words[0] == "Free":
-            free = int(words[1])
-        elif len(words) == 4 and words[0] == "PID" and words[2] == "Mem":
-            processes.append(ProcessRow(int(words[1]), int(words[3])))
-    return free, tuple(processes)
-
-
-def _gpu(directory: Path) -> GpuRow:
-    policy = int(_text(directory / "policy"))
-    containers = []
-    for container_dir in _subdirs(directory):
-        try:
-            containers.append(_container(container_dir))
-        except FileNotFoundError:
-            continue  # the container went while we read it
-    containers.sort(key=lambda c: (c.pod, c.container, c.id))
+def _gpu_row(gpu: GpuEntry) -> GpuRow:
+    containers = sorted(
+        (_container_row(c) for c in gpu.containers), key=lambda c: (c.pod, c.container, c.id)
+    )
     return GpuRow(
-        index=int(directory.name),
-        uuid=_optional(directory / "uuid", "-"),
-        model=_optional(directory / "model", "-"),
-        memory_total_bytes=int(_optional(directory / "mem_total", "0")),
-        policy=policy,
-        policy_name=Policy(policy).label if policy in set(Policy) else "unknown",
-        max_inst=int(_text(directory / "max_inst")),
-        prio_ratio=int(_text(directory / "prio_ratio")),
-        free_weight=int(_text(directory / "free_weight")),
-        utilization_percent=_percent(_optional(directory / "util", "")),
+        index=gpu.index,
+        uuid=gpu.uuid,
+        model=gpu.model,
+        memory_total_bytes=gpu.mem_bytes,
+        policy=int(gpu.policy),
+        policy_name=gpu.policy.label,
+        max_inst=gpu.max_inst,
+        prio_ratio=gpu.prio_ratio,
+        free_weight=gpu.free_weight,
+        utilization_percent=gpu.util,
         containers=tuple(containers),
     )
 
 
-def _container(directory: Path) -> ContainerRow:
-    free, processes = parse_meminfo((directory / "meminfo").read_text())
+def _container_row(c: ContainerEntry) -> ContainerRow:
     return ContainerRow(
-        id=_text(directory / "id"),
-        pod=_optional(directory / "pod", "-"),
-        container=_optional(directory / "container", "-"),
-        utilization_percent=_percent(_optional(directory / "util", "")),
-        compute_limit_percent=_percent(_optional(directory / "limit", "")),
-        weight=int(_text(directory / "weight")),
-        high_priority=_text(directory / "highprio") == "1",
-        memory_used_bytes=sum(p.memory_bytes for p in processes),
-        memory_allocated_bytes=int(_text(directory / "memsize")),
-        memory_free_bytes=free,
-        cap_violations=int(_optional(directory / "violations", "0")),
-        processes=processes,
+        id=c.id,
+        pod=c.pod,
+        container=c.name,
+        utilization_percent=c.util,
+        compute_limit_percent=c.limit,
+        weight=c.weight,
+        high_priority=c.highprio,
+        memory_used_bytes=c.mem_used,
+        memory_allocated_bytes=c.memsize,
+        memory_free_bytes=c.mem_free,
+        cap_violations=c.violations,
+        processes=tuple(ProcessRow(p.pid, p.mem_bytes) for p in c.processes),
     )
 
 
@@ -204,32 +183,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print(to_json(report) if args.json else render_text(report))
     return 0
-
-
-def _index(directory: Path) -> int:
-    return int(directory.name)
-
-
-def _subdirs(directory: Path) -> list[Path]:
-    return [d for d in directory.iterdir() if d.is_dir() and not d.name.startswith(".")]
-
-
-def _text(path: Path) -> str:
-    return path.read_text().strip()
-
-
-def _optional(path: Path, default: str) -> str:
-    try:
-        return _text(path)
-    except FileNotFoundError:
-        return default
-
-
-def _percent(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 def _gib(value: int) -> str:

@@ -311,7 +311,7 @@ class _Rotation:
         self.credit = {key: value for key, value in self.credit.items() if key in shares}
         self.shares = shares
         # Less than half a slice left is clock jitter, not a slice still owed.
-        if self.owner in shares and self.turn_left > self._slice_s / 2:
+        if self.owner is not None and self.owner in shares and self.turn_left > self._slice_s / 2:
             return self.owner
         if self.owner is not None:
             self.last_owner = self.owner

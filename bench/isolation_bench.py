@@ -12,9 +12,10 @@ the agent killed the offending process (one poll = one slice at most).
 Tick cost: wall and CPU time of one agent tick (observe, enforce, decide,
 apply, publish the control tree) for 1 GPU x 4 and 4 GPUs x 10 containers. Control trees
 go to /dev/shm when it exists: tmpfs, like the agent's default under /run.
-Run: .venv/bin/python bench/isolation_bench.py
+Run: .venv/bin/python bench/isolation_bench.py [--quick]
 """
 
+import argparse
 import logging
 import random
 import statistics
@@ -100,7 +101,7 @@ SCENARIOS = (
 )
 
 
-def shares(scenario: Scenario, tmp: Path) -> list[list[object]]:
+def shares(scenario: Scenario, tmp: Path, seconds: float) -> list[list[object]]:
     node = place(scenario.workloads, layout="1x16GiB", mode=scenario.mode)
     clock = SimulatedClock()
     backend = MockBackend(node.devices, clock, node.containers)
@@ -111,14 +112,14 @@ def shares(scenario: Scenario, tmp: Path) -> list[list[object]]:
         prio_ratio=scenario.prio_ratio,
     )
     agent = IsolationAgent(backend, ControlTree(tmp / scenario.label), clock, config)
-    agent.run(duration_s=SECONDS)
+    agent.run(duration_s=seconds)
     [gpu] = agent.content().gpus
     limits = {c.id: c.limit for c in gpu.containers}
     natural = share_gpu({i: w.intensity for i, w in enumerate(scenario.workloads)})
     rows = []
     for i, w in enumerate(scenario.workloads):
         key = node.container(w.name).id
-        achieved = 100 * backend.used_s(key, 0) / SECONDS
+        achieved = 100 * backend.used_s(key, 0) / seconds
         target = limits[key]
         if scenario.targets:
             target = scenario.targets[i]
@@ -191,12 +192,21 @@ def summary(values: Sequence[float]) -> str:
 
 
 def main() -> None:
-    logging.getLogger("isolation").setLevel(logging.ERROR)  # the kills are expected here
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 10 s per policy scenario (shares may miss their tolerance), "
+        "5 reactions per slice length, 30 ticks",
+    )
+    args = parser.parse_args()
+    seconds, trials, ticks = (10.0, 5, 30) if args.quick else (SECONDS, 30, 300)
+    logging.getLogger("gpushare.isolation").setLevel(logging.ERROR)  # the kills are expected
     shm = Path("/dev/shm")
     with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as directory:
         tmp = Path(directory)
-        rows = [row for scenario in SCENARIOS for row in shares(scenario, tmp)]
-        print(f"Compute share per policy, mock backend, {SECONDS:.0f} s simulated, 100 ms slices")
+        rows = [row for scenario in SCENARIOS for row in shares(scenario, tmp, seconds)]
+        print(f"Compute share per policy, mock backend, {seconds:.0f} s simulated, 100 ms slices")
         header = ["POLICY", "POD", "TARGET %", "ACHIEVED %", "DELTA pp", f"±{TOLERANCE_PP:g}pp"]
         print(render(header, rows))
         off = [r for r in rows if r[-1] != "ok"]
@@ -204,10 +214,10 @@ def main() -> None:
         print()
         print("Memory-cap reaction (allocation past the cap -> process killed), system clock:")
         for slice_ms in (100, 20):
-            print(f"  slice {slice_ms:>3} ms: {summary(reaction_ms(slice_ms, 30, tmp))} ms")
+            print(f"  slice {slice_ms:>3} ms: {summary(reaction_ms(slice_ms, trials, tmp))} ms")
         print()
         for gpus, per_gpu in ((1, 4), (4, 10)):
-            wall, cpu = tick_ms(gpus, per_gpu, 300, tmp)
+            wall, cpu = tick_ms(gpus, per_gpu, ticks, tmp)
             print(f"Agent tick, {gpus} GPU(s) x {per_gpu} containers, control tree on tmpfs:")
             print(f"  wall {summary(wall)} ms")
             print(f"  cpu  {summary(cpu)} ms")

@@ -14,7 +14,7 @@ import pytest
 from gpushare.cluster import ClusterError
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from gpushare.deviceplugin.informer import RETRY_MAX
+from gpushare.deviceplugin.plugin import WATCH_BACKOFF
 from gpushare.deviceplugin.worker import start_daemon
 from gpushare.environment import POD
 from gpushare.resources import GPU_COUNT, GPU_MEM
@@ -33,6 +33,10 @@ class _BreakableWatch:
         yield from self._inner
         if self._error is not None:
             raise self._error
+
+    @property
+    def resume_from(self) -> str:
+        return self._inner.resume_from
 
     def stop(self) -> None:
         self._inner.stop()
@@ -236,11 +240,13 @@ def test_the_pod_watch_recovers_from_errors_and_refusals_meanwhile_say_it_is_dow
         allocate(rig, GPU_MEM, _ids(rig, 2))
 
     message = refused.value.details()
-    assert "the pod watch is not working (pod-informer failing since " in message
+    assert "the pod watch is not working (watching pods has failed since " in message
     assert "Response ended prematurely" in message
 
     rig.cluster.heal()
-    assert eventually(lambda: rig.plugin.watch_trouble() is None, timeout=RETRY_MAX + WAIT)
+    assert eventually(
+        lambda: rig.plugin.watch_trouble() is None, timeout=WATCH_BACKOFF.maximum + WAIT
+    )
     [main] = rig.kubelet.admit(pod)
     assert main.envs[POD] == pod.key
 

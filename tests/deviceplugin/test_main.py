@@ -46,11 +46,11 @@ class KubeCluster:
 """
 
 RUN_WITH_FAKE_KUBECLUSTER = """
-import runpy, sys, types
+import runpy
 
-fake = types.ModuleType("gpushare.kubecluster")
-fake.KubeCluster = KubeCluster
-sys.modules["gpushare.kubecluster"] = fake
+import gpushare.kubecluster
+
+gpushare.kubecluster.KubeCluster = KubeCluster  # the plugin's watches stay the real ones
 runpy.run_module("gpushare.deviceplugin.main", run_name="__main__", alter_sys=True)
 """
 
@@ -278,8 +278,8 @@ def test_once_synced_the_start_up_objects_leave_the_collectors_full_passes(
         runner.start()
         try:
             assert frozen.wait(WAIT)
+            # Said right after the freeze, on the plugin's thread.
+            assert eventually(lambda: "synced: node and pods listed" in caplog.text)
         finally:
             stop.set()
             runner.join(WAIT)
-
-    assert "synced: node and pods listed" in caplog.text

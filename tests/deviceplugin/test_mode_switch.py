@@ -2,6 +2,7 @@
 
 import logging
 
+from gpushare.environment import POD
 from gpushare.inventory import parse_layout
 from gpushare.labels import LABEL_DISABLE_ISOLATION, LABEL_LEGACY_SHARE, LABEL_SCHEDULE
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
@@ -105,6 +106,10 @@ class NodeEventCounter(MemoryCluster):
                     delivered.append(event.object.name)
                     yield event
 
+            @property
+            def resume_from(self) -> str:
+                return watch.resume_from
+
             def stop(self) -> None:
                 watch.stop()
 
@@ -125,3 +130,38 @@ def test_the_plugin_hears_only_its_own_node(make_rig):
     rig.wait_registered([GPU_MEM, GPU_COUNT, GPU_CORE])
     assert set(rig.cluster.delivered) == {rig.node}
     assert rig.cluster.list_nodes(rig.node).items[0].name == rig.node
+
+
+class ListCounter(MemoryCluster):
+    """Counts the lists of pods and can end every pod watch, as the API server does
+    when a watch's timeout passes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pod_lists = 0
+        self.pod_watches: list = []
+
+    def list_pods(self, node_name: str | None = None):
+        self.pod_lists += 1
+        return super().list_pods(node_name)
+
+    def watch_pods(self, resource_version: str, node_name: str | None = None):
+        watch = super().watch_pods(resource_version, node_name)
+        self.pod_watches.append(watch)
+        return watch
+
+    def end_watches(self) -> None:
+        for watch in self.pod_watches:
+            watch.stop()
+
+
+def test_a_watch_the_server_ends_is_resumed_without_listing_again(make_rig):
+    rig = make_rig(cluster_type=ListCounter, answer_within=WAIT).start()
+    assert rig.cluster.pod_lists == 1
+    rig.cluster.end_watches()
+    pod = rig.bind("after", [[0]], mem=2)
+
+    [main] = rig.kubelet.admit(pod)
+    assert main.envs[POD] == pod.key
+    assert rig.cluster.pod_lists == 1
+    assert len(rig.cluster.pod_watches) == 2

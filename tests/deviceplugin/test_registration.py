@@ -6,7 +6,10 @@ import os
 import stat
 import time
 
-from gpushare.deviceplugin.registration import SOCKET_NAMES
+import grpc
+
+from gpushare.deviceplugin import registration as registration_module
+from gpushare.deviceplugin.registration import REGISTER_BACKOFF, SOCKET_NAMES
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
 from tests.deviceplugin.rig import WAIT, eventually
 
@@ -86,3 +89,29 @@ def test_only_the_first_message_is_sent_until_something_changes(make_rig):
     assert rig.kubelet.wait_for(lambda: rig.kubelet.messages(GPU_MEM) == 1, WAIT)
     time.sleep(0.3)  # a quiet period: nothing may be sent in it
     assert rig.kubelet.messages(GPU_MEM) == 1
+
+
+class _Refused(grpc.RpcError):
+    pass
+
+
+def test_a_refused_registration_is_retried_after_growing_delays(make_rig, monkeypatch):
+    tries: list[float] = []
+    register = registration_module.register
+
+    def refused_twice(socket, endpoint, resource, timeout):
+        if resource == GPU_MEM:
+            tries.append(time.monotonic())
+            if len(tries) <= 2:
+                raise _Refused("the kubelet is busy")
+        register(socket, endpoint, resource, timeout)
+
+    monkeypatch.setattr(registration_module, "register", refused_twice)
+    rig = make_rig().start()  # waits until both resources are registered
+
+    assert len(tries) == 3
+    first, second = tries[1] - tries[0], tries[2] - tries[1]
+    low = 1 - REGISTER_BACKOFF.jitter
+    assert first >= REGISTER_BACKOFF.initial * low
+    assert second >= REGISTER_BACKOFF.initial * REGISTER_BACKOFF.factor * low
+    assert rig.plugin.registrar.registered() == (GPU_COUNT, GPU_MEM)

@@ -2,13 +2,20 @@
 
 Backed by a MemoryCluster, so resourceVersions, watches from a version, 410 Gone
 after compaction, preconditions and "already assigned" behave as the API server's
-do. Leases and Secrets are plain stored objects (get, delete). It records every
-request, can be told to fail the next few, and to refuse some as RBAC would.
+do. Lists behave as the API server's: with resourceVersion=0 its watch cache answers
+whole, ignoring `limit`; otherwise (or with the watch cache off) etcd answers
+`limit` objects a page, with a `continue` token for the rest of the same snapshot,
+and a token can be made to expire (410) as etcd compaction does. Leases and Secrets
+are plain stored objects (get, delete). It records every request, can be told to
+fail the next few, and to refuse some as RBAC would.
 """
 
+import base64
+import itertools
 import json
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -59,6 +66,15 @@ class ApiServer:
         /apis/coordination.k8s.io/v1/namespaces/NS/leases/NAME."""
         self.forbidden: dict[tuple[str, str], str] = {}
         """(method, path) -> the message of the 403 Forbidden it is answered with."""
+        self.watch_cache = True
+        """False: lists with resourceVersion=0 are served from etcd (in pages), as when
+        the API server's watch cache is off or not ready."""
+        self.expire_continues = 0
+        """The next this many continuations are answered 410 Expired."""
+        self.between_pages: Callable[[], None] | None = None
+        """Called after each page that has more to follow (to change the cluster)."""
+        self._snapshots: dict[int, tuple[str, list[dict[str, Any]]]] = {}
+        self._snapshot_ids = itertools.count(1)
         self.watch_gate = threading.Event()
         """Cleared, new watch requests wait until it is set again."""
         self.watch_gate.set()
@@ -134,7 +150,7 @@ class ApiServer:
                 if one("watch") == "true":
                     watch = self.cluster.watch_nodes(one("resourceVersion"), name)
                     return 200, self._watch(watch, query)
-                return 200, self._list("NodeList", self.cluster.list_nodes(name))
+                return self._list("NodeList", lambda: self.cluster.list_nodes(name), one)
             if rest[:1] == ["nodes"] and len(rest) == 2:
                 if method == "GET":
                     return 200, self.cluster.get_node(rest[1]).to_manifest()
@@ -149,7 +165,7 @@ class ApiServer:
                 if one("watch") == "true":
                     watch = self.cluster.watch_pods(one("resourceVersion"), node)
                     return 200, self._watch(watch, query)
-                return 200, self._list("PodList", self.cluster.list_pods(node))
+                return self._list("PodList", lambda: self.cluster.list_pods(node), one)
             if len(rest) >= 4 and rest[0] == "namespaces" and rest[2] == "pods":
                 return self._pod(method, rest[1], rest[3], rest[4:], body)
             if len(rest) == 3 and rest[0] == "namespaces" and rest[2] == "events":
@@ -206,13 +222,56 @@ class ApiServer:
             return 404, status(404, "NotFound", f'{plural} "{name}" not found')
         return 200, self.stored[path] if method == "GET" else self.stored.pop(path)
 
-    def _list(self, kind: str, listing) -> dict[str, Any]:
-        return {
-            "kind": kind,
-            "apiVersion": "v1",
-            "metadata": {"resourceVersion": listing.resource_version},
-            "items": [item.to_manifest() for item in listing.items],
-        }
+    def _list(self, kind: str, read, one):
+        """(status, JSON body) of one list request, or of one page of it."""
+        token = one("continue")
+        if token:
+            return self._next_page(kind, token, one)
+        listing = read()
+        items = [item.to_manifest() for item in listing.items]
+        limit = int(one("limit") or 0)
+        from_cache = one("resourceVersion") == "0" and self.watch_cache
+        if from_cache or not limit or len(items) <= limit:
+            return 200, _list_body(kind, listing.resource_version, items)
+        with self._lock:
+            snapshot = next(self._snapshot_ids)
+            self._snapshots[snapshot] = (listing.resource_version, items)
+        return self._page(kind, snapshot, 0, limit)
+
+    def _next_page(self, kind: str, token: str, one):
+        if one("resourceVersion"):
+            message = "specifying resource version is not allowed when using continue"
+            return 400, status(400, "BadRequest", message)
+        snapshot, offset = json.loads(base64.urlsafe_b64decode(token))
+        with self._lock:
+            expired = self.expire_continues > 0 or snapshot not in self._snapshots
+            if expired:
+                self.expire_continues = max(self.expire_continues - 1, 0)
+                self._snapshots.pop(snapshot, None)
+        if expired:
+            message = (
+                "The provided continue parameter is too old to display a consistent list "
+                "result. You can start a new list without the continue parameter."
+            )
+            return 410, status(410, "Expired", message)
+        return self._page(kind, snapshot, offset, int(one("limit") or 0))
+
+    def _page(self, kind: str, snapshot: int, offset: int, limit: int):
+        with self._lock:
+            version, items = self._snapshots[snapshot]
+        end = offset + limit if limit else len(items)
+        body = _list_body(kind, version, items[offset:end])
+        if end < len(items):
+            body["metadata"]["continue"] = base64.urlsafe_b64encode(
+                json.dumps([snapshot, end]).encode()
+            ).decode()
+            body["metadata"]["remainingItemCount"] = len(items) - end
+            if self.between_pages is not None:
+                self.between_pages()
+        else:
+            with self._lock:
+                self._snapshots.pop(snapshot, None)
+        return 200, body
 
     def bookmark(self, resource_version: str) -> None:
         """Sends a BOOKMARK at this version down every open watch that asked for them."""
@@ -231,6 +290,15 @@ class ApiServer:
         timer.daemon = True
         timer.start()
         return watch
+
+
+def _list_body(kind: str, version: str, items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": version},
+        "items": items,
+    }
 
 
 _STORED_KINDS = {

@@ -1,6 +1,7 @@
 """KubeCluster speaks to a real HTTP server with the official client, and maps the
 API server's answers onto the cluster port's semantics."""
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -261,3 +262,101 @@ def test_lists_come_from_the_watch_cache_and_watches_take_bookmarks(memory, api,
     with pytest.raises(StopIteration):
         next(watch)
     assert watch.resume_from == "9999"
+
+
+def test_a_refused_watch_raises_when_it_is_made(memory, api, kube):
+    version = kube.list_pods().resource_version
+    api.failures.append(500)
+    with pytest.raises(ClusterError, match="watch pods: injected failure 500"):
+        kube.watch_pods(version)
+
+
+def test_stop_ends_a_watch_waiting_for_its_next_event(memory, api, kube):
+    watch = kube.watch_pods(kube.list_pods().resource_version)
+    ended = threading.Event()
+
+    def follow() -> None:
+        for _ in watch:
+            pass
+        ended.set()
+
+    threading.Thread(target=follow, daemon=True).start()
+    assert not ended.wait(0.2)
+    watch.stop()
+    assert ended.wait(2)
+
+
+def many_pods(memory: MemoryCluster, count: int) -> None:
+    for i in range(count):
+        memory.create_pod(pod(f"p{i:04}", mem=1, node="n1"))
+
+
+def pod_lists(api: ApiServer) -> list[dict[str, list[str]]]:
+    return [r.query for r in api.seen("GET", "/api/v1/pods") if "watch" not in r.query]
+
+
+def keys(listing) -> list[str]:
+    return [p.key for p in listing.items]
+
+
+def test_a_list_from_the_watch_cache_comes_whole_in_one_answer(memory, api, kube):
+    """The watch cache answers resourceVersion=0 lists whole, ignoring the limit."""
+    many_pods(memory, 1200)
+    listing = kube.list_pods()
+    assert pod_lists(api) == [{"resourceVersion": ["0"], "limit": ["500"]}]
+    assert sorted(keys(listing)) == sorted(keys(memory.list_pods()))
+
+
+def test_a_list_in_pages_arrives_whole(memory, api, kube):
+    """Without the watch cache, etcd answers 500 a page: every page is followed."""
+    api.watch_cache = False
+    many_pods(memory, 1200)
+    listing = kube.list_pods("n1")
+
+    first, *rest = pod_lists(api)
+    assert first == {
+        "resourceVersion": ["0"],
+        "limit": ["500"],
+        "fieldSelector": ["spec.nodeName=n1"],
+    }
+    assert len(rest) == 2
+    assert all(q["limit"] == ["500"] and "resourceVersion" not in q for q in rest)
+    assert all(q["continue"] for q in rest)
+    assert len(keys(listing)) == len(set(keys(listing))) == 1200
+    assert set(keys(listing)) == set(keys(memory.list_pods()))
+    assert listing.resource_version == memory.list_pods().resource_version
+
+
+def test_an_expired_continue_starts_a_consistent_list_again(memory, api, kube):
+    """etcd compacted the first page's version between pages (410): the list starts
+    again without a resourceVersion and sees the cluster as it is then, once."""
+    api.watch_cache = False
+    many_pods(memory, 1200)
+    api.expire_continues = 1
+
+    def meanwhile() -> None:
+        api.between_pages = None
+        memory.delete_pod("default", "p0000")
+        memory.create_pod(pod("late", mem=1, node="n1"))
+
+    api.between_pages = meanwhile
+    listing = kube.list_pods()
+
+    queries = pod_lists(api)
+    assert queries[0]["resourceVersion"] == ["0"]
+    assert "continue" in queries[1]  # answered 410
+    assert "resourceVersion" not in queries[2] and "continue" not in queries[2]
+    assert len(queries) == 5
+    assert len(keys(listing)) == len(set(keys(listing))) == 1200
+    assert set(keys(listing)) == set(keys(memory.list_pods()))
+    assert "default/late" in keys(listing) and "default/p0000" not in keys(listing)
+    assert listing.resource_version == memory.list_pods().resource_version
+
+
+def test_a_list_that_expires_again_is_an_error_not_a_new_list_at_once(memory, api, kube):
+    api.watch_cache = False
+    many_pods(memory, 600)
+    api.expire_continues = 2
+    with pytest.raises(ClusterError, match="expired again while paging") as failed:
+        kube.list_pods()
+    assert not isinstance(failed.value, Expired)

@@ -51,29 +51,60 @@ class Mirror:
             return {k: dict(p.metadata.annotations) for k, p in self.pods.items()}
 
 
+class Breakable:
+    """A watch that raises `broken` once its stream ends, as a dropped connection does."""
+
+    def __init__(self, inner: MemoryWatch[Pod], cluster: "Interruptible") -> None:
+        self._inner = inner
+        self._cluster = cluster
+
+    @property
+    def resume_from(self) -> str:
+        return self._inner.resume_from
+
+    def __iter__(self):
+        yield from self._inner
+        if self._cluster.broken is not None:
+            raise self._cluster.broken
+
+    def stop(self) -> None:
+        self._inner.stop()
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)  # push(), for the test API server's bookmarks
+
+
 class Interruptible(MemoryCluster):
-    """A MemoryCluster whose watches can be cut, and whose next watches can fail."""
+    """A MemoryCluster whose watches can be cut or broken, and whose next watches can
+    fail; it remembers the version each watch started from."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.open: list[MemoryWatch] = []
+        self.open: list[MemoryWatch[Pod]] = []
         self.failing_watches = 0
+        self.broken: Exception | None = None
+        self.watched_from: list[str] = []
         self.gate = threading.Event()
         """Cleared, new watches wait until it is set again."""
         self.gate.set()
 
-    def watch_pods(self, resource_version: str, node_name: str | None = None) -> MemoryWatch:
+    def watch_pods(self, resource_version: str, node_name: str | None = None) -> Breakable:
         self.gate.wait(10)
         if self.failing_watches:
             self.failing_watches -= 1
             raise ClusterError("connection refused")
         watch = super().watch_pods(resource_version, node_name)
+        self.watched_from.append(resource_version)
         self.open.append(watch)
-        return watch
+        return Breakable(watch, self)
 
     def cut(self) -> None:
         for watch in self.open:
             watch.stop()
+
+    def break_watches(self, error: Exception) -> None:
+        self.broken = error
+        self.cut()
 
 
 def same_as(cluster: MemoryCluster, mirror: Mirror, keep=lambda p: True) -> bool:
@@ -222,3 +253,58 @@ def test_over_the_kubernetes_api_it_resumes_from_the_last_bookmark(memory):
     finally:
         cache.stop()
         api.close()
+
+
+def test_a_broken_stream_resumes_from_its_last_event(memory):
+    mirror = Mirror()
+    cache = pod_cache(memory, mirror)
+    try:
+        assert cache.synced.wait(5)
+        listed_at = memory.watched_from[0]
+        memory.create_pod(pod("a", mem=1))
+        last = memory.create_pod(pod("b", mem=1)).metadata.resource_version
+        eventually(lambda: same_as(memory, mirror))
+
+        memory.break_watches(ClusterError("connection reset by peer"))
+        eventually(lambda: len(memory.watched_from) == 2)
+        memory.broken = None
+        assert memory.watched_from == [listed_at, last]  # no replay of a and b
+        assert (cache.relists, cache.reconnects) == (0, 1)
+    finally:
+        cache.stop()
+
+
+def test_trouble_says_since_when_and_why_until_the_watch_is_back(memory):
+    mirror = Mirror()
+    cache = pod_cache(memory, mirror)
+    try:
+        assert cache.synced.wait(5)
+        assert cache.trouble() is None
+        memory.failing_watches = 1_000_000
+        memory.cut()
+        eventually(lambda: cache.trouble() is not None)
+        trouble = cache.trouble()
+        assert trouble is not None
+        assert trouble.startswith("watching pods has failed since ")
+        assert trouble.endswith(" UTC: connection refused")
+
+        memory.failing_watches = 0
+        eventually(lambda: cache.trouble() is None)
+        memory.create_pod(pod("p", mem=1))
+        eventually(lambda: same_as(memory, mirror))
+    finally:
+        cache.stop()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_trouble_says_when_the_thread_has_died(memory):
+    class Doomed(Mirror):
+        def replace(self, items: list[Pod]) -> None:
+            raise SystemExit  # not an error it retries: the thread ends
+
+    cache = pod_cache(memory, Doomed())
+    try:
+        eventually(lambda: cache.trouble() is not None)
+        assert cache.trouble() == "watching pods has stopped (see the log)"
+    finally:
+        cache.stop()

@@ -120,6 +120,19 @@ def test_a_watch_resumes_from_a_past_version(cluster):
     assert events[0].object.metadata.name == "b"
 
 
+def test_a_watch_resumes_from_its_last_event_without_a_gap(cluster):
+    watch = cluster.watch_pods(cluster.list_pods().resource_version, node_name="n1")
+    assert watch.resume_from == ""
+    cluster.create_pod(pod("a", mem=1, node="n1"))
+    cluster.create_pod(pod("elsewhere", mem=1, node="n2"))
+    (event,) = drain(watch, 1)
+    assert watch.resume_from == event.object.metadata.resource_version
+    watch.stop()
+    cluster.create_pod(pod("b", mem=1, node="n1"))
+    events = drain(cluster.watch_pods(watch.resume_from, node_name="n1"), 1)
+    assert [e.object.metadata.name for e in events] == ["b"]
+
+
 def test_a_watch_from_a_compacted_version_is_expired(cluster):
     old = cluster.list_pods().resource_version
     cluster.create_pod(pod("a", mem=1))

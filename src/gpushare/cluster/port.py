@@ -76,7 +76,19 @@ class ObjectRef:
 
 
 class Watch(Protocol[T]):
-    """A stream of events; iteration ends after stop() or when the server ends it."""
+    """A stream of events; iteration ends after stop() or when the server ends it.
+
+    `Cluster.watch_*` returns once the server has accepted the watch: a version too
+    old raises Expired there (or from the iteration, as the API server may also say
+    so in the stream)."""
+
+    @property
+    def resume_from(self) -> str:
+        """The resourceVersion of the last event or bookmark seen ("" before any):
+        where a watch that replaces this one starts, without a list. Bookmarks carry
+        the collection's version while none of its objects changes, so a quiet
+        collection does not fall out of the server's window (Expired, a full list)."""
+        ...
 
     def __iter__(self) -> Iterator[WatchEvent[T]]: ...
 

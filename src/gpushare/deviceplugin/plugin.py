@@ -1,30 +1,34 @@
 """The device plugin of one node, assembled: GPUs from the backend, the node and
 its pods from the cluster port, one gRPC server per advertised resource.
 
-    backend ──health──► LocalNode ◄──labels── node informer
+    backend ──health──► LocalNode ◄──labels── node watch
                            │ (mode, health, catalog)
                            ├──► DeviceFeeds ──► ResourceServers (ListAndWatch)
                            ├──► InventoryPublisher (gpushare.io/gpus)
                            └──► Registrar (which resources are registered)
-    pod informer ──► AdmissionQueue ◄── Allocator (Allocate, GetPreferredAllocation)
+    pod watch ──► AdmissionQueue ◄── Allocator (Allocate, GetPreferredAllocation)
                                           ├──► AssignmentWriter (assigned=true)
                                           └──► GrantJournal ◄── Reconciler (PodResources)
+
+The node and pod watches are `kubecluster.WatchCache`s, the extender's too, scoped to
+this node: its own Node, and the pods bound to it.
 """
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from gpushare.cluster import Cluster, EventType, WatchEvent
+from gpushare.backoff import Backoff
+from gpushare.cluster import Cluster, EventType
 from gpushare.deviceplugin.admission import AdmissionQueue
 from gpushare.deviceplugin.allocator import Allocator
 from gpushare.deviceplugin.assignment import AssignmentWriter
 from gpushare.deviceplugin.deadline import ANSWER_WITHIN_S
 from gpushare.deviceplugin.feed import DeviceFeed
 from gpushare.deviceplugin.gpus import GpuBackend, HealthChange
-from gpushare.deviceplugin.informer import Informer
 from gpushare.deviceplugin.journal import FILE_NAME, GrantJournal
 from gpushare.deviceplugin.metrics import PluginMetrics
 from gpushare.deviceplugin.node import LocalNode, NodeChange, NodeSnapshot
@@ -32,6 +36,7 @@ from gpushare.deviceplugin.publisher import InventoryPublisher
 from gpushare.deviceplugin.reconcile import Reconciler
 from gpushare.deviceplugin.registration import Registrar
 from gpushare.deviceplugin.worker import start_daemon
+from gpushare.kubecluster.watchcache import WatchCache
 from gpushare.objects import Node, Pod
 from gpushare.resources import MANAGED_RESOURCES
 
@@ -39,7 +44,11 @@ log = logging.getLogger(__name__)
 
 DEVICE_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
 POD_RESOURCES_SOCKET: Final = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-HEALTH_RETRY: Final = 10.0
+WATCH_BACKOFF: Final = Backoff(initial=0.5, maximum=10.0)
+"""Between retries of a failing list or watch: a recovered API server is followed
+again within seconds, and the jitter keeps a fleet of plugins from retrying in step."""
+HEALTH_BACKOFF: Final = Backoff(initial=1.0, maximum=30.0)
+"""Between retries of a failing GPU health watch (NVML)."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +94,7 @@ class DevicePlugin:
                 self.metrics,
                 config.reconcile_delay,
                 config.reconcile_interval,
-                ready=lambda: self._pod_informer.wait_synced(0),
+                ready=lambda: self._pod_watch.synced.is_set(),
             )
             if config.pod_resources_socket is not None
             else None
@@ -111,19 +120,19 @@ class DevicePlugin:
         )
         # Only its own Node: with every node's heartbeats, N plugins would make the API
         # server stream N x N updates.
-        self._node_informer = Informer(
-            "node-informer",
+        self._node_watch = WatchCache(
+            "nodes",
             lambda: cluster.list_nodes(config.node_name),
             lambda rv: cluster.watch_nodes(rv, config.node_name),
-            self._on_nodes,
-            self._on_node,
+            _OwnNode(self),
+            backoff=WATCH_BACKOFF,
         )
-        self._pod_informer = Informer(
-            "pod-informer",
+        self._pod_watch = WatchCache(
+            "pods",
             lambda: cluster.list_pods(config.node_name),
             lambda rv: cluster.watch_pods(rv, config.node_name),
-            self._on_pods,
-            self._on_pod,
+            _OwnPods(self),
+            backoff=WATCH_BACKOFF,
         )
         self._stopped = threading.Event()
         self._health_thread: threading.Thread | None = None
@@ -140,8 +149,8 @@ class DevicePlugin:
         self.inventory.publish(snapshot.inventory)
         self.assignments.start()
         self.allocator.follow_ups.start()
-        self._node_informer.start()
-        self._pod_informer.start()
+        self._node_watch.start()
+        self._pod_watch.start()
         self._health_thread = start_daemon("gpu-health", self._watch_health)
         self.registrar.start()
         if self.reconciler is not None:
@@ -153,8 +162,8 @@ class DevicePlugin:
         self.allocator.follow_ups.stop()
         if self.reconciler is not None:
             self.reconciler.stop()
-        self._pod_informer.stop()
-        self._node_informer.stop()
+        self._pod_watch.stop()
+        self._node_watch.stop()
         self.assignments.stop()
         self.inventory.stop()
         self.journal.close()
@@ -163,12 +172,12 @@ class DevicePlugin:
 
     def wait_synced(self, timeout: float) -> bool:
         """True once the node and its pods were listed."""
-        return self._node_informer.wait_synced(timeout) and self._pod_informer.wait_synced(timeout)
+        return self._node_watch.synced.wait(timeout) and self._pod_watch.synced.wait(timeout)
 
     def watch_trouble(self) -> str | None:
         """Why the plugin's list of the node's pods may be stale (the pod watch is
         failing, or its thread died); None while the watch is followed."""
-        return self._pod_informer.trouble()
+        return self._pod_watch.trouble()
 
     def summary(self) -> str:
         gpus = self.node.snapshot().inventory
@@ -183,38 +192,18 @@ class DevicePlugin:
     # ----- reactions
 
     def _watch_health(self) -> None:
+        failures = 0
         while not self._stopped.is_set():
+            started = time.monotonic()
             try:
                 self.backend.watch_health(self._on_health, self._stopped)
             except Exception:
-                log.exception("watching GPU health failed; trying again in %.0fs", HEALTH_RETRY)
-                self._stopped.wait(HEALTH_RETRY)
-
-    def _on_nodes(self, nodes: list[Node]) -> None:
-        if not nodes:
-            log.warning(
-                "node %s is not in the cluster; advertising nothing until it appears "
-                "(is --node-name / NODE_NAME right?)",
-                self.config.node_name,
-            )
-        self.node.set_labels(nodes[0].metadata.labels if nodes else {})
-
-    def _on_node(self, event: WatchEvent[Node]) -> None:
-        if event.object.name != self.config.node_name:
-            return
-        deleted = event.type is EventType.DELETED
-        self.node.set_labels({} if deleted else event.object.metadata.labels)
-
-    def _on_pods(self, pods: list[Pod]) -> None:
-        self.queue.replace(pods)
-        self.journal.keep_pods(self.queue.uids())
-
-    def _on_pod(self, event: WatchEvent[Pod]) -> None:
-        if event.type is EventType.DELETED:
-            self.queue.remove(event.object)
-            self.journal.keep_pods(self.queue.uids())
-        else:
-            self.queue.upsert(event.object)
+                # One that ran a good while before failing starts a new count.
+                ran_long = time.monotonic() - started > HEALTH_BACKOFF.maximum
+                failures = 1 if ran_long else failures + 1
+                delay = HEALTH_BACKOFF.delay(failures)
+                log.exception("watching GPU health failed; trying again in %.1fs", delay)
+                self._stopped.wait(delay)
 
     def _on_health(self, change: HealthChange) -> None:
         if self.node.set_health(change):
@@ -237,3 +226,46 @@ class DevicePlugin:
         for resource, feed in self.feeds.items():
             advertised = resource in snapshot.advertised
             feed.publish(snapshot.catalog.devices(resource) if advertised else [])
+
+
+class _OwnNode:
+    """What the node watch learns about this node: its labels (the mode)."""
+
+    def __init__(self, plugin: DevicePlugin) -> None:
+        self._plugin = plugin
+        self._name = plugin.config.node_name
+
+    def replace(self, items: list[Node]) -> None:
+        nodes = [node for node in items if node.name == self._name]
+        if not nodes:
+            log.warning(
+                "node %s is not in the cluster; advertising nothing until it appears "
+                "(is --node-name / NODE_NAME right?)",
+                self._name,
+            )
+        self._plugin.node.set_labels(nodes[0].metadata.labels if nodes else {})
+
+    def apply(self, event_type: EventType, node: Node) -> None:
+        if node.name == self._name:
+            deleted = event_type is EventType.DELETED
+            self._plugin.node.set_labels({} if deleted else node.metadata.labels)
+
+
+class _OwnPods:
+    """What the pod watch learns about the pods bound to this node: the queue that
+    Allocate matches against, and which grants the journal keeps."""
+
+    def __init__(self, plugin: DevicePlugin) -> None:
+        self._queue = plugin.queue
+        self._journal = plugin.journal
+
+    def replace(self, items: list[Pod]) -> None:
+        self._queue.replace(items)
+        self._journal.keep_pods(self._queue.uids())
+
+    def apply(self, event_type: EventType, pod: Pod) -> None:
+        if event_type is EventType.DELETED:
+            self._queue.remove(pod)
+            self._journal.keep_pods(self._queue.uids())
+        else:
+            self._queue.upsert(pod)

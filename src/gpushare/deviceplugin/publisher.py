@@ -4,20 +4,24 @@ on every health change, retrying in the background while the API is away."""
 import logging
 from typing import Final
 
+from gpushare.backoff import Backoff
 from gpushare.cluster import Cluster
 from gpushare.deviceplugin.worker import Worker
 from gpushare.inventory import NODE_GPUS_ANNOTATION, Gpu, encode_gpus
 
 log = logging.getLogger(__name__)
 
-RETRY: Final = 2.0
+PUBLISH_BACKOFF: Final = Backoff(initial=1.0, maximum=30.0)
 
 
 class InventoryPublisher(Worker):
-    def __init__(self, cluster: Cluster, node_name: str) -> None:
+    def __init__(
+        self, cluster: Cluster, node_name: str, backoff: Backoff = PUBLISH_BACKOFF
+    ) -> None:
         super().__init__("inventory")
         self._cluster = cluster
         self._node_name = node_name
+        self._backoff = backoff
         self._wanted: str | None = None
         self._written: str | None = None
 
@@ -32,6 +36,7 @@ class InventoryPublisher(Worker):
             return self._cond.wait_for(lambda: self._written == self._wanted, timeout)
 
     def _run(self) -> None:
+        failures = 0
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._stopped or self._wanted != self._written)
@@ -42,16 +47,19 @@ class InventoryPublisher(Worker):
             try:
                 self._cluster.patch_node_annotations(self._node_name, {NODE_GPUS_ANNOTATION: value})
             except Exception as err:
+                failures += 1
+                delay = self._backoff.delay(failures)
                 log.warning(
-                    "publishing %s on node %s failed: %s; retrying in %.0fs",
+                    "publishing %s on node %s failed: %s; retrying in %.1fs",
                     NODE_GPUS_ANNOTATION,
                     self._node_name,
                     err,
-                    RETRY,
+                    delay,
                 )
                 with self._cond:
-                    self._cond.wait_for(lambda: self._stopped, RETRY)
+                    self._cond.wait_for(lambda: self._stopped, delay)
                 continue
+            failures = 0
             with self._cond:
                 self._written = value
                 self._cond.notify_all()

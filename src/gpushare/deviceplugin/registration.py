@@ -22,6 +22,7 @@ from typing import Final
 
 import grpc
 
+from gpushare.backoff import Backoff
 from gpushare.deviceplugin.allocator import Allocator
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
@@ -44,7 +45,8 @@ MAX_SOCKET_PATH: Final = 107
 """sun_path holds 108 bytes including the terminating NUL."""
 WITHDRAW_FLUSH: Final = 1.0
 """Seconds to wait for the empty list to reach the kubelet before stopping."""
-_BACKOFF_MAX: Final = 5.0
+REGISTER_BACKOFF: Final = Backoff(initial=0.5, maximum=5.0)
+"""Between retries of a refused registration (at once when kubelet.sock changes)."""
 
 SocketId = tuple[int, int]
 
@@ -75,7 +77,7 @@ class _Slot:
     registered_with: SocketId | None = None
     failed_with: SocketId | None = None
     next_try: float = 0.0
-    backoff: float = 0.5
+    failures: int = 0
 
 
 class Registrar:
@@ -88,6 +90,7 @@ class Registrar:
         metrics: PluginMetrics,
         poll_interval: float = 0.1,
         register_timeout: float = 10.0,
+        backoff: Backoff = REGISTER_BACKOFF,
     ) -> None:
         longest = max((str(plugin_dir / name) for name in SOCKET_NAMES.values()), key=len)
         if len(longest) > MAX_SOCKET_PATH:
@@ -103,6 +106,7 @@ class Registrar:
         self._metrics = metrics
         self._poll_interval = poll_interval
         self._register_timeout = register_timeout
+        self._backoff = backoff
         self._slots: dict[str, _Slot] = {}
         self._kubelet_seen: bool | None = None
         self._lock = threading.Lock()
@@ -206,20 +210,22 @@ class Registrar:
             register(self.kubelet_socket, slot.server.endpoint, resource, self._register_timeout)
         except grpc.RpcError as err:
             details = err.details() if isinstance(err, grpc.Call) else str(err)
+            # A new kubelet.sock is a new kubelet: its refusals start a new count.
+            slot.failures = slot.failures + 1 if kubelet == slot.failed_with else 1
+            delay = self._backoff.delay(slot.failures)
             log.warning(
                 "registering %s with the kubelet at %s failed: %s; retrying in %.1fs",
                 resource,
                 self.kubelet_socket,
                 details,
-                slot.backoff,
+                delay,
             )
             slot.failed_with = kubelet
-            slot.next_try = time.monotonic() + slot.backoff
-            slot.backoff = min(slot.backoff * 2, _BACKOFF_MAX)
+            slot.next_try = time.monotonic() + delay
             return
         slot.registered_with = kubelet
         slot.failed_with = None
-        slot.backoff = 0.5
+        slot.failures = 0
         self._metrics.registered(resource, True)
         log.info("registered %s with the kubelet (endpoint %s)", resource, slot.server.endpoint)
 

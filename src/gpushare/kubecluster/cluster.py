@@ -6,6 +6,7 @@ API errors become the port's errors: 404 NotFound, 409 Conflict or AlreadyBound,
 410 Expired, anything else ClusterError with the server's message.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
-from kubernetes.watch import Watch as ClientWatch
+from kubernetes.watch.watch import iter_resp_lines
 from pydantic import ValidationError
 
 from gpushare.cluster import (
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T", Node, Pod)
 
 MERGE_PATCH = "application/merge-patch+json"
+LIST_PAGE = 500
+"""Objects per page where a list comes in pages (client-go's reflector asks as many)."""
 WATCH_TIMEOUT_S = 300
 """The server ends each watch after this long; the cache then resumes from the
 last resourceVersion it saw (what client-go does with its random 5-10 min)."""
@@ -52,52 +55,77 @@ IN_CLUSTER = "the in-cluster service account"
 _ASSIGNED = re.compile(r'is already assigned to node "([^"]*)"')
 
 
-class _RawWatch(ClientWatch):
-    """The client's watch without its model decoding: each event stays the API's JSON,
-    decoded once, into the core's models (not client model, then dict, then ours)."""
-
-    def get_return_type(self, func: Any) -> None:
-        return None
-
-
 class KubeWatch(Iterator[WatchEvent[_T]]):
-    """One watch request, with bookmarks: iterates events until the server ends the
-    stream or stop(). `resume_from` is the version the next watch starts at: the latest
-    event's or bookmark's, so a quiet collection does not fall out of the server's
-    window and cost a full list (410 Gone)."""
+    """One watch request, with bookmarks, opened when made: `watch_nodes`/`watch_pods`
+    return once the server has accepted it (a refusal raises there). Iterates events,
+    decoded once from the API's JSON into the core's models, until the server ends the
+    stream or stop(). `resume_from` is the latest event's or bookmark's version."""
 
-    def __init__(
-        self, kind: type[_T], list_call: Any, api: client.ApiClient, **kwargs: Any
-    ) -> None:
-        self._kind = kind
-        self._api = api
-        self._watch = _RawWatch()
-        self._events = self._watch.stream(list_call, allow_watch_bookmarks=True, **kwargs)
+    def __init__(self, kind: type[_T], what: str, list_call: Any, **kwargs: Any) -> None:
+        self._kind: type[_T] = kind
+        self._what = what
+        self._stopped = False
         self.resume_from = ""
+        self._response = _request(
+            f"watch {what}",
+            list_call,
+            watch=True,
+            allow_watch_bookmarks=True,
+            _preload_content=False,
+            **kwargs,
+        )
+        self._lines = iter_resp_lines(self._response)
 
     def __iter__(self) -> "KubeWatch[_T]":
         return self
 
     def __next__(self) -> WatchEvent[_T]:
         while True:
-            try:
-                raw = next(self._events)
-            except StopIteration:
-                raise  # the server ended the stream: the caller resumes from its version
-            except ApiException as err:
-                raise _translate(err, "watch") from err
-            except Exception as err:  # the connection dropped mid-stream
-                raise ClusterError(f"watch stream failed: {err}") from err
+            raw = self._next_event()
             kind = raw.get("type")
-            version = ((raw.get("object") or {}).get("metadata") or {}).get("resourceVersion")
+            obj = raw.get("object") or {}
+            if kind == "ERROR":  # e.g. 410 Expired: the version left the server's window
+                message = obj.get("message") or obj.get("reason") or "an error"
+                raise _error(obj.get("code"), f"watch {self._what}: {message}")
+            version = (obj.get("metadata") or {}).get("resourceVersion")
             if version:
                 self.resume_from = version
             if kind in ("ADDED", "MODIFIED", "DELETED"):
-                return WatchEvent(EventType(kind), _convert(self._kind, raw["object"]))
+                return WatchEvent(EventType(kind), _convert(self._kind, obj))
             # BOOKMARK and anything newer: only its version matters; keep reading.
 
     def stop(self) -> None:
-        self._watch.stop()
+        """Ends the iteration, at once even while it waits for the next event."""
+        self._stopped = True
+        shutdown = getattr(self._response, "shutdown", None)  # urllib3 >= 2.3
+        if shutdown is None:
+            return  # the iteration ends at the next event or the server's timeout
+        with contextlib.suppress(Exception):  # the stream had ended: nothing to interrupt
+            shutdown()
+
+    def _next_event(self) -> dict[str, Any]:
+        while True:
+            try:
+                line = next(self._lines)
+            except StopIteration:
+                self._response.release_conn()  # read to its end: the connection is reusable
+                raise
+            except Exception as err:  # the connection dropped mid-stream, or stop()
+                self._response.close()
+                if self._stopped:
+                    raise StopIteration from None
+                raise ClusterError(f"watch {self._what}: stream failed: {err}") from err
+            if self._stopped:
+                self._response.close()
+                raise StopIteration
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError as err:
+                raise ClusterError(f"watch {self._what}: not JSON: {line[:200]!r}") from err
+            if isinstance(event, dict):
+                return event
 
 
 class KubeCluster:
@@ -142,8 +170,8 @@ class KubeCluster:
     def watch_nodes(self, resource_version: str, name: str | None = None) -> KubeWatch[Node]:
         return KubeWatch(
             Node,
+            "nodes",
             self.core.list_node,
-            self.api,
             resource_version=resource_version,
             timeout_seconds=self.watch_timeout_s,
             **_name_selector(name),
@@ -170,8 +198,8 @@ class KubeCluster:
     def watch_pods(self, resource_version: str, node_name: str | None = None) -> KubeWatch[Pod]:
         return KubeWatch(
             Pod,
+            "pods",
             self.core.list_pod_for_all_namespaces,
-            self.api,
             resource_version=resource_version,
             timeout_seconds=self.watch_timeout_s,
             **_node_selector(node_name),
@@ -293,34 +321,52 @@ class KubeCluster:
     # ----- helpers
 
     def _delete(self, what: str, call: Any, *args: Any) -> None:
-        try:
-            call(*args)
-        except ApiException as err:
-            raise _translate(err, what) from err
-        except Exception as err:  # connection refused, TLS, DNS
-            raise ClusterError(f"{what}: {err}") from err
+        _request(what, call, *args)
 
     def _one(self, kind: type[_T], what: str, call: Any, *args: Any, **kwargs: Any) -> _T:
-        try:
-            obj = call(*args, **kwargs)
-        except ApiException as err:
-            raise _translate(err, what) from err
-        except Exception as err:  # connection refused, TLS, DNS
-            raise ClusterError(f"{what}: {err}") from err
+        obj = _request(what, call, *args, **kwargs)
         return _convert(kind, self.api.sanitize_for_serialization(obj))
 
     def _listing(self, kind: type[_T], what: str, call: Any, **kwargs: Any) -> Listing[_T]:
-        """A list served from the API server's watch cache (resourceVersion=0: no read
-        from etcd), decoded once from its JSON; the watch that follows starts at it."""
+        """A list the way client-go's reflector makes one: from the API server's watch
+        cache (resourceVersion=0: no read from etcd; the cache answers whole, ignoring
+        the limit), following `continue` page by page where the answer comes in pages
+        (the cache is off or not ready and etcd answers); if a continuation has expired
+        (410: etcd compacted the first page's version meanwhile), once more as a
+        consistent list from etcd (resourceVersion unset), in pages too."""
         try:
-            response = call(resource_version="0", _preload_content=False, **kwargs)
-            raw = json.loads(response.data)
-        except ApiException as err:
-            raise _translate(err, f"list {what}") from err
-        except Exception as err:
-            raise ClusterError(f"list {what}: {err}") from err
-        items = [_convert(kind, item) for item in raw.get("items") or []]
-        return Listing(items, (raw.get("metadata") or {}).get("resourceVersion", ""))
+            return self._pages(kind, f"list {what}", call, "0", **kwargs)
+        except Expired as err:
+            log.info("list %s: %s; listing again from the start", what, err)
+        try:
+            return self._pages(kind, f"list {what}", call, None, **kwargs)
+        except Expired as err:
+            # Not Expired: the caller would list again at once, without backing off.
+            raise ClusterError(f"list {what}: expired again while paging: {err}") from err
+
+    def _pages(
+        self, kind: type[_T], what: str, call: Any, version: str | None, **kwargs: Any
+    ) -> Listing[_T]:
+        """Every page of one list, each decoded once from its JSON into the core's
+        models; the listing's version is the last page's (the watch starts there)."""
+        items: list[_T] = []
+        position: dict[str, str] = {"resource_version": version} if version else {}
+        while True:
+            response = _request(
+                what, call, limit=LIST_PAGE, _preload_content=False, **position, **kwargs
+            )
+            try:
+                raw = json.loads(response.data)
+            except Exception as err:  # the connection dropped, or not JSON
+                raise ClusterError(f"{what}: {err}") from err
+            items.extend(_convert(kind, item) for item in raw.get("items") or [])
+            del raw["items"]  # decoded: let the page's JSON go before the next one
+            meta = raw.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                return Listing(items, meta.get("resourceVersion", ""))
+            # A continuation carries no resourceVersion: the token holds the first page's.
+            position = {"_continue": token}
 
 
 def load_configuration(kubeconfig: str | None, configuration: client.Configuration) -> str:
@@ -389,14 +435,27 @@ def _message(err: ApiException) -> str:
 
 
 def _translate(err: ApiException, what: str) -> ClusterError:
-    message = f"{what}: {_message(err)}"
-    if err.status == 404:
+    return _error(err.status, f"{what}: {_message(err)}")
+
+
+def _error(code: int | None, message: str) -> ClusterError:
+    if code == 404:
         return NotFound(message)
-    if err.status == 409:
+    if code == 409:
         return Conflict(message)
-    if err.status == 410:
+    if code == 410:
         return Expired(message)
-    return ClusterError(f"{message} (HTTP {err.status})")
+    return ClusterError(f"{message} (HTTP {code})")
+
+
+def _request(what: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+    """Makes one API call; its failure raised as the port's error, saying what failed."""
+    try:
+        return call(*args, **kwargs)
+    except ApiException as err:
+        raise _translate(err, what) from err
+    except Exception as err:  # connection refused, TLS, DNS
+        raise ClusterError(f"{what}: {err}") from err
 
 
 def _discard(response: Any) -> None:

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
 from gpushare.cluster.port import (
     AlreadyBound,
@@ -46,33 +46,41 @@ class RecordedEvent:
 
 @dataclass(frozen=True, slots=True)
 class _Change:
-    event: WatchEvent
+    event: WatchEvent[Node] | WatchEvent[Pod]
     old: Pod | None
     """The pod before a pod change, so node-filtered watches see pods arrive and leave."""
 
 
-_Translate = Callable[[_Change], WatchEvent | None]
+_Translate = Callable[[_Change], WatchEvent[Any] | None]
 
 _STOP = object()
 
 
-class MemoryWatch:
-    def __init__(self, detach: Callable[["MemoryWatch"], None]) -> None:
+class MemoryWatch(Generic[_Obj]):
+    """Implements gpushare.cluster.Watch (no bookmarks: `resume_from` is the version of
+    the last event iterated)."""
+
+    def __init__(self, detach: Callable[["MemoryWatch[Any]"], None]) -> None:
         self._queue: queue.Queue[object] = queue.Queue()
         self._detach = detach
+        self.resume_from = ""
 
-    def push(self, event: WatchEvent) -> None:
+    def push(self, event: WatchEvent[_Obj]) -> None:
         self._queue.put(event)
 
     def stop(self) -> None:
         self._detach(self)
         self._queue.put(_STOP)
 
-    def __iter__(self) -> Iterator[WatchEvent]:
+    def __iter__(self) -> Iterator[WatchEvent[_Obj]]:
         while True:
             item = self._queue.get()
             if item is _STOP:
                 return
+            if isinstance(item, WatchEvent):
+                self.resume_from = item.object.metadata.resource_version
+            # Anything else was pushed by a caller for its own use, e.g. the bookmarks
+            # of the test API server (tests/kubecluster/apiserver.py): passed through.
             yield item  # type: ignore[misc]
 
 
@@ -87,7 +95,7 @@ class MemoryCluster:
         self._pods: dict[str, Pod] = {}
         self._history: deque[tuple[int, _Change]] = deque(maxlen=HISTORY)
         self._oldest = 0
-        self._watches: list[tuple[MemoryWatch, _Translate]] = []
+        self._watches: list[tuple[MemoryWatch[Any], _Translate]] = []
         self.events: list[RecordedEvent] = []
 
     # ----- the port: nodes
@@ -104,7 +112,7 @@ class MemoryCluster:
             nodes = [n for n in self._nodes.values() if name in (None, n.name)]
             return Listing(nodes, str(self._version))
 
-    def watch_nodes(self, resource_version: str, name: str | None = None) -> MemoryWatch:
+    def watch_nodes(self, resource_version: str, name: str | None = None) -> MemoryWatch[Node]:
         if name is None:
             return self._watch(resource_version, _kind_filter(Node))
         return self._watch(resource_version, _named_node_filter(name))
@@ -131,7 +139,7 @@ class MemoryCluster:
             pods = [p for p in self._pods.values() if node_name in (None, p.spec.node_name)]
             return Listing(pods, str(self._version))
 
-    def watch_pods(self, resource_version: str, node_name: str | None = None) -> MemoryWatch:
+    def watch_pods(self, resource_version: str, node_name: str | None = None) -> MemoryWatch[Pod]:
         if node_name is None:
             return self._watch(resource_version, _kind_filter(Pod))
         return self._watch(resource_version, _node_filter(node_name))
@@ -270,7 +278,7 @@ class MemoryCluster:
         self._publish(WatchEvent(kind, pod), old)
         return pod
 
-    def _publish(self, event: WatchEvent, old: Pod | None = None) -> None:
+    def _publish(self, event: WatchEvent[Node] | WatchEvent[Pod], old: Pod | None = None) -> None:
         change = _Change(event, old)
         if len(self._history) == self._history.maxlen:
             self._oldest = self._history[0][0]
@@ -280,10 +288,10 @@ class MemoryCluster:
             if delivered is not None:
                 watch.push(delivered)
 
-    def _watch(self, resource_version: str, translate: "_Translate") -> MemoryWatch:
+    def _watch(self, resource_version: str, translate: "_Translate") -> MemoryWatch[Any]:
         with self._lock:
             since = int(resource_version or 0)
-            watch = MemoryWatch(self._detach)
+            watch: MemoryWatch[Any] = MemoryWatch(self._detach)
             if since:
                 if since < self._oldest:
                     raise Expired(f"too old resource version: {since} ({self._oldest})")
@@ -295,20 +303,20 @@ class MemoryCluster:
             self._watches.append((watch, translate))
             return watch
 
-    def _detach(self, watch: MemoryWatch) -> None:
+    def _detach(self, watch: MemoryWatch[Any]) -> None:
         with self._lock:
             self._watches = [(w, t) for w, t in self._watches if w is not watch]
 
 
 def _kind_filter(kind: type) -> "_Translate":
-    def translate(change: _Change) -> WatchEvent | None:
+    def translate(change: _Change) -> WatchEvent[Any] | None:
         return change.event if isinstance(change.event.object, kind) else None
 
     return translate
 
 
 def _named_node_filter(name: str) -> "_Translate":
-    def translate(change: _Change) -> WatchEvent | None:
+    def translate(change: _Change) -> WatchEvent[Any] | None:
         node = change.event.object
         return change.event if isinstance(node, Node) and node.name == name else None
 
@@ -319,7 +327,7 @@ def _node_filter(node_name: str) -> "_Translate":
     """Pods of one node, as a spec.nodeName field selector sees them: a pod that
     starts matching arrives as ADDED, one that stops matching leaves as DELETED."""
 
-    def translate(change: _Change) -> WatchEvent | None:
+    def translate(change: _Change) -> WatchEvent[Any] | None:
         new = change.event.object
         if not isinstance(new, Pod):
             return None

@@ -253,9 +253,9 @@ def extender_figures(nodes: int, pods: int) -> dict[str, float]:
     gc.collect()
     figures["rss synced"] = rss_mib()
     figures["peak synced"] = rss_mib("VmHWM")
-    figures["gpus"] = sum(len(s.inventory.gpus) for s in service.cache.state.nodes.values())
-    placed = sum(len(s.pods) for s in service.cache.state.nodes.values())
-    problems = len(service.cache.pod_problems) + len(service.cache.node_problems)
+    counts = service.cache.counts()
+    figures["gpus"] = counts.gpus
+    placed, problems = counts.placed, counts.problems
     if placed != pods or problems:
         raise RuntimeError(f"{placed} of {pods} pods placed, {problems} objects unreadable")
 

@@ -18,7 +18,7 @@ from gpushare.inventory import NodeGpus
 from gpushare.labels import LABEL_SCHEDULE, NodeMode
 from gpushare.request import ContainerRequest, JobType, PodRequest
 from gpushare.resources import GPU_CORE
-from gpushare.state import GpuView, NodeState, NodeView
+from gpushare.state import GpuView, NodeView
 
 SEARCH_BUDGET = 4096
 """Candidate combinations tried per pod and node before giving up; pods of a few
@@ -49,8 +49,9 @@ class Placement:
 
 
 class PlacementPolicy(ABC):
-    """Chooses GPUs within a node and scores the node. Stateless and shareable:
-    the extender and the simulator call the very same objects."""
+    """Chooses GPUs within a node and scores the node. The extender and the simulator
+    call the very same classes, each through objects of its own (made from the
+    registry, gpushare.policies): a policy that learns keeps what it learned in them."""
 
     name: ClassVar[str]
     epoch: int = 0
@@ -432,34 +433,6 @@ def to_allocation(
         cpu_milli=request.cpu_milli,
         memory_mib=request.memory_mib,
     )
-
-
-class PlacementCache:
-    """evaluate() results per node, reused until that node changes.
-
-    A stream of pods changes one node per placement, so with the cache a scheduler
-    re-evaluates one node per pod instead of all of them. Keys are the node's
-    state version, the policy (and its epoch) and the request's shape.
-    """
-
-    def __init__(self) -> None:
-        self._nodes: dict[str, tuple[int, dict[tuple[object, ...], Placement | Refusal]]] = {}
-
-    def evaluate(
-        self, state: NodeState, request: PodRequest, policy: PlacementPolicy
-    ) -> Placement | Refusal:
-        entry = self._nodes.get(state.name)
-        if entry is None or entry[0] != state.version:
-            entry = (state.version, {})
-            self._nodes[state.name] = entry
-        key = (policy.name, policy.epoch, request.shape)
-        result = entry[1].get(key)
-        if result is None:
-            result = entry[1][key] = evaluate(state.view(), request, policy)
-        return result
-
-    def forget(self, node: str) -> None:
-        self._nodes.pop(node, None)
 
 
 @dataclass(frozen=True, slots=True)

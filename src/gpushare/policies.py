@@ -7,6 +7,9 @@ policies live in their own modules: bestfit (the FGD paper's packing baseline), 
 for nodes in use; it leaves fewer GPUs unallocated, see docs/placement.md).
 """
 
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
 from gpushare.bestfit import BestFitPolicy
 from gpushare.fgd import FgdPolicy
 from gpushare.labels import PlacementMode
@@ -43,27 +46,42 @@ class SpreadPolicy(PlacementPolicy):
         return 100.0 * _free_after(view, assignment)
 
 
-POLICIES: dict[str, PlacementPolicy] = {
-    BinpackPolicy.name: BinpackPolicy(),
-    SpreadPolicy.name: SpreadPolicy(),
-    BestFitPolicy.name: BestFitPolicy(),
-    FgdPolicy.name: FgdPolicy(),
-    LookaheadFgdPolicy.name: LookaheadFgdPolicy(),
-}
+PolicyFactory = Callable[[], PlacementPolicy]
+"""Makes a fresh policy object: policies that learn keep what they learned in it."""
+
+POLICIES: Mapping[str, PolicyFactory] = MappingProxyType(
+    {
+        BinpackPolicy.name: BinpackPolicy,
+        SpreadPolicy.name: SpreadPolicy,
+        BestFitPolicy.name: BestFitPolicy,
+        FgdPolicy.name: FgdPolicy,
+        LookaheadFgdPolicy.name: LookaheadFgdPolicy,
+    }
+)
+"""Every placement policy by name, as the factory of its objects. Read-only: each
+user (an extender, a simulator run) makes its own objects with `build`, so what a
+policy learns belongs to that user alone; tests pass their own registry."""
 
 OUR_POLICY = LookaheadFgdPolicy.name
 """The fragmentation-aware policy this project recommends (and `gpushare simulate` runs first)."""
 
 
-def policy_named(name: str) -> PlacementPolicy:
+def build(registry: Mapping[str, PolicyFactory] = POLICIES) -> dict[str, PlacementPolicy]:
+    """A fresh object of every policy of the registry, by name."""
+    return {name: factory() for name, factory in registry.items()}
+
+
+def policy_named(name: str, registry: Mapping[str, PolicyFactory] = POLICIES) -> PlacementPolicy:
+    """A fresh object of the policy of that name."""
     try:
-        return POLICIES[name]
+        factory = registry[name]
     except KeyError:
         raise ValueError(
-            f"unknown placement policy {name!r}; known: {', '.join(POLICIES)}"
+            f"unknown placement policy {name!r}; known: {', '.join(registry)}"
         ) from None
+    return factory()
 
 
 def policy_for(mode: PlacementMode) -> PlacementPolicy:
-    """The policy a node's `ack.node.gpu.placement` label asks for."""
-    return POLICIES[mode.value]
+    """A fresh object of the policy a node's `ack.node.gpu.placement` label asks for."""
+    return POLICIES[mode.value]()

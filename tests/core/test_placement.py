@@ -7,7 +7,6 @@ from gpushare.errors import Refusal, Rule
 from gpushare.labels import NodeMode
 from gpushare.placement import (
     Placement,
-    PlacementCache,
     choose_node,
     evaluate,
     extender_score,
@@ -265,37 +264,3 @@ def test_choose_node_takes_the_best_score_and_explains_every_refusal():
 def test_unknown_policy_names_are_refused_with_the_known_ones():
     with pytest.raises(ValueError, match="binpack, spread"):
         policy_named("random")
-
-
-def test_the_cache_reuses_results_until_the_node_changes():
-    calls = []
-
-    class Counting(BinpackPolicy):
-        name = "counting"
-
-        def place(self, view, req):
-            calls.append(view.name)
-            return super().place(view, req)
-
-    policy = Counting()
-    cache = PlacementCache()
-    state = node_state("2x16GiB")
-    first = cache.evaluate(state, request(mem=4), policy)
-    again = cache.evaluate(state, request(name="other", mem=4), policy)  # same shape, other pod
-    assert again is first and len(calls) == 1
-    assert isinstance(first, Placement)
-    state.add("default/x", to_allocation(request(mem=4), first.assignment, state.inventory, T0))
-    changed = cache.evaluate(state, request(mem=4), policy)
-    assert len(calls) == 2 and changed is not first
-    policy.epoch += 1
-    cache.evaluate(state, request(mem=4), policy)
-    assert len(calls) == 3
-
-
-def test_a_rebuilt_node_state_is_never_mistaken_for_the_old_one():
-    cache = PlacementCache()
-    old = node_state("1x16GiB")
-    old.add("default/x", place(node_state("1x16GiB"), request(mem=10), "x"))
-    assert isinstance(cache.evaluate(old, request(mem=10), BINPACK), Refusal)
-    fresh = node_state("1x16GiB")
-    assert isinstance(cache.evaluate(fresh, request(mem=10), BINPACK), Placement)

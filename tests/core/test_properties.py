@@ -14,7 +14,7 @@ from gpushare.inventory import Gpu, NodeGpus
 from gpushare.labels import NodeMode, PlacementMode
 from gpushare.objects import Pod
 from gpushare.placement import NodeChoice, choose_node, to_allocation
-from gpushare.policies import POLICIES
+from gpushare.policies import POLICIES, policy_named
 from gpushare.request import ContainerRole, JobType, parse_pod_request
 from gpushare.state import ClusterState
 from tests.builders import T0, container, node, pod
@@ -145,7 +145,7 @@ def test_random_streams_keep_every_rule(nodes, steps, data):
             assert refused.refusals and all(r.message for r in refused.refusals)
             continue
         assert request is not None
-        policy = POLICIES[data.draw(st.sampled_from(sorted(POLICIES)))]
+        policy = policy_named(data.draw(st.sampled_from(sorted(POLICIES))))
         views = [cluster.nodes[n].view() for n in sorted(cluster.nodes)]
         choice = choose_node(views, request, lambda _, chosen=policy: chosen)
         if isinstance(choice, NodeChoice):

@@ -6,7 +6,7 @@ import pytest
 from gpushare.fgd import FgdPolicy
 from gpushare.fragmentation import Fragmentation, devices, models
 from gpushare.lookahead import LookaheadFgdPolicy
-from gpushare.placement import Placement, PlacementCache, choose_node, evaluate, to_allocation
+from gpushare.placement import Placement, choose_node, evaluate, to_allocation
 from gpushare.policies import OUR_POLICY, POLICIES, policy_named
 from gpushare.state import NodeState
 from gpushare.workload import PRIOR, LearnedWorkload, TaskShape, Workload
@@ -48,7 +48,7 @@ def test_a_slice_completes_a_half_used_gpu_rather_than_opening_one(policy):
 
 @pytest.mark.parametrize("name", ["fgd", "fgd-lookahead"])
 def test_choose_node_prefers_the_node_where_the_slice_fits_snugly(name):
-    policy = type(POLICIES[name])(HALF_GPUS)
+    policy = policy_named(name).with_workload(HALF_GPUS)  # type: ignore[attr-defined]
     half = node_state("2x16GiB", node="half")
     place(half, request(mem=8), policy, "a")
     empty = node_state("2x16GiB", node="empty")
@@ -106,17 +106,6 @@ def test_the_registered_policies_start_from_the_prior_and_learn():
     assert shapes[TaskShape(gpus=1, mem=4)] > 0.5
 
 
-def test_a_new_epoch_makes_the_placement_cache_evaluate_again():
-    policy = LookaheadFgdPolicy()
-    cache = PlacementCache()
-    state = node_state("2x16GiB")
-    first = cache.evaluate(state, request(mem=4), policy)
-    assert cache.evaluate(state, request(mem=4), policy) is first
-    while policy.epoch == 0:
-        policy.observe(request(mem=4))
-    assert cache.evaluate(state, request(mem=4), policy) is not first
-
-
 def test_the_learned_workload_follows_a_change_and_forgets_the_old():
     learned = LearnedWorkload(half_life=200, check_every=50)
     small, large = TaskShape(gpus=1, mem=2), TaskShape(gpus=1, mem=12)
@@ -138,7 +127,7 @@ def test_a_steady_workload_stops_changing_the_epoch():
 
 
 def test_fixed_and_learning_copies_are_fresh_objects_of_the_same_class():
-    registered = POLICIES["fgd-lookahead"]
+    registered = policy_named("fgd-lookahead")
     fixed = registered.with_workload(HALF_GPUS)  # type: ignore[attr-defined]
     assert type(fixed) is type(registered) and fixed is not registered and not fixed.learns
     fixed.observe(request(mem=4))
@@ -169,7 +158,7 @@ def test_what_our_policy_learns_online_changes_where_it_places():
     ids=["4GiB", "6GiB+30%", "1 GPU", "2 GPUs"],
 )
 def test_every_registered_policy_places_on_kubernetes_nodes(name, req):
-    policy = POLICIES[name]
+    policy = policy_named(name)
     busy = node_state("4x16GiB", node="busy", mode="core_mem")
     place(busy, request(mem=10), policy, "a")
     place(busy, request(mem=6), policy, "b")

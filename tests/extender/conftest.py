@@ -2,6 +2,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from gpushare.policies import POLICIES
 from gpushare.testing.memorycluster import MemoryCluster
 from tests.extender.harness import Scheduler
 
@@ -16,10 +17,11 @@ def scheduler_for(cluster: MemoryCluster) -> Iterator:
     """Starts an extender over `cluster` once the test has set up its nodes."""
     started: list[Scheduler] = []
 
-    def start(**config) -> Scheduler:
+    def start(policies=POLICIES, **config) -> Scheduler:
+        """`policies`: the registry the extender makes its policies from."""
         from gpushare.extender.service import ExtenderConfig
 
-        scheduler = Scheduler(cluster, ExtenderConfig(**config))
+        scheduler = Scheduler(cluster, ExtenderConfig(**config), policies)
         started.append(scheduler)
         return scheduler
 

@@ -2,7 +2,7 @@
 MemoryCluster, spoken to with the JSON of the extender API (docs/contracts.md#extender-json)."""
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import httpx
@@ -12,6 +12,7 @@ from gpushare.allocation import PodAllocation
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import ExtenderConfig, ExtenderService
 from gpushare.objects import Pod
+from gpushare.policies import POLICIES, PolicyFactory
 from gpushare.testing.memorycluster import MemoryCluster
 
 PREFIX = "/gpushare-scheduler"
@@ -35,9 +36,15 @@ def pod_json(pod: Pod) -> dict[str, Any]:
 class Scheduler:
     """Speaks to one running extender the way kube-scheduler does."""
 
-    def __init__(self, cluster: MemoryCluster, config: ExtenderConfig | None = None) -> None:
+    def __init__(
+        self,
+        cluster: MemoryCluster,
+        config: ExtenderConfig | None = None,
+        policies: Mapping[str, PolicyFactory] = POLICIES,
+    ) -> None:
         self.cluster = cluster
-        self.service = ExtenderService(cluster, config or ExtenderConfig()).start_watching()
+        self.service = ExtenderService(cluster, config or ExtenderConfig(), policies)
+        self.service.start_watching()
         assert self.service.wait_synced(10), "the extender did not sync"
         self.server = HttpServer(self.service.app()).start()
         self.http = httpx.Client(base_url=self.server.url + PREFIX, timeout=30)
@@ -94,7 +101,9 @@ class Scheduler:
     def submit(self, pod: Pod) -> Pod:
         """Creates the pod and waits until the extender's watch has seen it."""
         created = self.cluster.create_pod(pod)
-        wait_until(lambda: created.key in self.service.cache.pods, what=f"{created.key} seen")
+        wait_until(
+            lambda: self.service.cache.pod(created.key) is not None, what=f"{created.key} seen"
+        )
         return created
 
 

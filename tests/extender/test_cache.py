@@ -3,10 +3,13 @@
 import pytest
 
 from gpushare import annotation
+from gpushare.allocation import PodAllocation
 from gpushare.cluster import EventType
+from gpushare.errors import Refusal
 from gpushare.extender.cache import SchedulerCache
+from gpushare.lookahead import LookaheadFgdPolicy
 from gpushare.objects import PodStatus
-from gpushare.placement import to_allocation
+from gpushare.policies import POLICIES
 from tests.builders import T0, being_deleted, node, pod, request
 
 
@@ -25,19 +28,16 @@ def started(clock: Clock | None = None) -> SchedulerCache:
     return cache
 
 
-def assume(cache: SchedulerCache, name: str, mem: int):
-    fit = cache.place("n", request(mem=mem), None)
-    allocation = to_allocation(
-        request(mem=mem), fit.placement.assignment, cache.node_state("n").inventory, T0
-    )
-    cache.assume(f"default/{name}", f"uid-{name}", allocation)
+def assume(cache: SchedulerCache, name: str, mem: int, node: str = "n") -> PodAllocation:
+    """Reserves what bind would for the pod (its allocation assumed)."""
+    allocation = cache.reserve(f"default/{name}", f"uid-{name}", node, request(mem=mem), None, T0)
+    assert isinstance(allocation, PodAllocation), allocation
     return allocation
 
 
 def answer(cache: SchedulerCache, mem: int) -> tuple:
     """What filter and prioritize would send about node n (the table's entry)."""
-    with cache.lock:
-        return cache.answers(request(mem=mem), None, ["n"]).entries[0]
+    return cache.answers(request(mem=mem), None, ["n"]).entries[0]
 
 
 def refusal(cache: SchedulerCache, mem: int) -> str:
@@ -63,7 +63,7 @@ def test_the_watch_showing_the_bind_replaces_the_reservation():
     allocation = assume(cache, "p", 10)
     bound = pod("p", mem=10, node="n", annotations=annotation.encode(allocation))
     cache.apply_pod(EventType.MODIFIED, bound)
-    assert not cache.assumed
+    assert not cache.assumed_keys()
     assert used(cache) == 10
 
 
@@ -71,7 +71,7 @@ def test_a_deleted_pod_frees_its_reservation():
     cache = started()
     assume(cache, "p", 10)
     cache.apply_pod(EventType.DELETED, pod("p", mem=10))
-    assert not cache.assumed and used(cache) == 0
+    assert not cache.assumed_keys() and used(cache) == 0
 
 
 def test_a_reservation_the_watch_never_confirms_expires():
@@ -116,12 +116,11 @@ def test_a_finished_pod_lets_its_gpu_go():
 
 def test_a_relisting_keeps_reservations_the_listing_does_not_show_yet():
     cache = started()
-    assume(cache, "p", 10)
+    allocation = assume(cache, "p", 10)
     cache.replace_pods([pod("p", mem=10)])
     assert used(cache) == 10
-    allocation = cache.assumed["default/p"].allocation
     cache.replace_pods([pod("p", mem=10, node="n", annotations=annotation.encode(allocation))])
-    assert not cache.assumed and used(cache) == 10
+    assert not cache.assumed_keys() and used(cache) == 10
 
 
 def test_results_are_reused_until_the_node_changes():
@@ -162,7 +161,7 @@ def test_a_pod_with_an_unreadable_allocation_is_left_out_and_reported():
         EventType.ADDED, pod("p", mem=1, node="n", annotations={"gpushare.io/allocation": "{oops"})
     )
     assert used(cache) == 0
-    assert "not a JSON object" in cache.pod_problems["default/p"]
+    assert "not a JSON object" in cache.pod_problem("default/p")
 
 
 @pytest.mark.parametrize(
@@ -176,32 +175,58 @@ def test_a_candidate_list_asked_again_is_patched_where_nodes_changed(names, befo
     cache = SchedulerCache()
     cache.replace_nodes([node(f"n{i}", "1x16GiB") for i in range(4)])
     cache.replace_pods([])
-    with cache.lock:
-        first = cache.answers(request(mem=10), None, names)
+    first = cache.answers(request(mem=10), None, names)
     assert first.passed_json() == before
-    fit = cache.place("n1", request(mem=10), None)
-    allocation = to_allocation(
-        request(mem=10), fit.placement.assignment, cache.node_state("n1").inventory, T0
-    )
-    cache.assume("default/p", "uid-p", allocation)
-    with cache.lock:
-        again = cache.answers(request(mem=10), None, list(names))
+    assume(cache, "p", 10, node="n1")
+    again = cache.answers(request(mem=10), None, list(names))
     assert again.passed_json() == after
     assert '"n1":' in again.failed_json()
     assert first.passed_json() == before  # an answer already given stays as it was
 
 
-def test_another_policy_learning_keeps_the_results_of_this_one(monkeypatch):
-    from gpushare import policies
-    from gpushare.lookahead import LookaheadFgdPolicy
+def learns_on_filter() -> LookaheadFgdPolicy:
+    """Our policy learning online: forty pods of one shape move its epoch."""
+    return LookaheadFgdPolicy()
 
-    learning = LookaheadFgdPolicy()
-    monkeypatch.setitem(policies.POLICIES, learning.name, learning)
-    cache = started()
+
+def teach(cache: SchedulerCache, policy: str | None, pods: int = 40) -> None:
+    for i in range(pods):
+        cache.filter(f"default/p{i}", f"uid-p{i}", request(mem=4), policy, ["n"])
+
+
+def test_another_policy_learning_keeps_the_results_of_this_one():
+    learning = learns_on_filter()
+    cache = SchedulerCache(policies={**POLICIES, learning.name: lambda: learning})
+    cache.replace_nodes([node("n", "1x16GiB")])
+    cache.replace_pods([])
     packed = answer(cache, 10)
-    with cache.lock:
-        ours = cache.answers(request(mem=10), learning.name, ["n"]).entries[0]
-    learning.epoch += 1
+    ours = cache.answers(request(mem=10), learning.name, ["n"]).entries[0]
+    teach(cache, learning.name)
+    assert learning.epoch > 0
     assert answer(cache, 10) is packed
-    with cache.lock:
-        assert cache.answers(request(mem=10), learning.name, ["n"]).entries[0] is not ours
+    assert cache.answers(request(mem=10), learning.name, ["n"]).entries[0] is not ours
+
+
+def test_each_cache_teaches_policy_objects_of_its_own():
+    made: list[LookaheadFgdPolicy] = []
+
+    def fresh() -> LookaheadFgdPolicy:
+        made.append(learns_on_filter())
+        return made[-1]
+
+    registry = {**POLICIES, "fgd-lookahead": fresh}
+    first, second = (SchedulerCache("fgd-lookahead", policies=registry) for _ in range(2))
+    for cache in (first, second):
+        cache.replace_nodes([node("n", "1x16GiB")])
+        cache.replace_pods([])
+    teach(first, None)
+    assert len(made) == 2
+    assert made[0].epoch > 0 and made[1].epoch == 0
+
+
+def test_a_bind_reserves_only_what_still_fits():
+    cache = started()
+    assume(cache, "p", 10)
+    refused = cache.reserve("default/q", "uid-q", "n", request(mem=10), None, T0)
+    assert isinstance(refused, Refusal) and "insufficient-gpu-memory" in str(refused)
+    assert cache.assumed_keys() == ["default/p"] and used(cache) == 10

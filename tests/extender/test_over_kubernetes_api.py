@@ -50,7 +50,9 @@ def test_filter_and_bind_through_the_kubernetes_api():
     api = ApiServer(memory)
     with extender_over(api, kube_of(api)) as (service, url):
         created = memory.create_pod(pod("p", mem=12))
-        wait_until(lambda: created.key in service.cache.pods, what="the watch to see the pod")
+        wait_until(
+            lambda: service.cache.pod(created.key) is not None, what="the watch to see the pod"
+        )
         with httpx.Client(base_url=url + PREFIX) as http:
             args = {"Pod": pod_json(created), "Nodes": None, "NodeNames": ["n1", "n2"]}
             answer = http.post("/filter", json=args).json()
@@ -67,7 +69,7 @@ def test_filter_and_bind_through_the_kubernetes_api():
         assert bound.spec.node_name == "n1"
         assert annotation.decode(bound).total_mem == 12
         assert api.seen("POST", "/binding") and api.events[-1]["reason"] == "GpuAllocated"
-        wait_until(lambda: not service.cache.assumed, what="the watch to show the bind")
+        wait_until(lambda: not service.cache.assumed_keys(), what="the watch to show the bind")
 
 
 def test_a_burst_of_binds_keeps_every_api_connection(tmp_path, caplog):
@@ -93,7 +95,9 @@ def test_a_burst_of_binds_keeps_every_api_connection(tmp_path, caplog):
     )
     caplog.set_level(logging.WARNING, logger="urllib3")
     with extender_over(api, kube) as (service, url):
-        wait_until(lambda: len(service.cache.pods) == len(pods), what="the watch to see the pods")
+        wait_until(
+            lambda: service.cache.counts().pods == len(pods), what="the watch to see the pods"
+        )
 
         def bind(i: int) -> dict:
             meta = pods[i].metadata
@@ -117,12 +121,14 @@ def test_the_requeue_nudge_is_a_merge_patch_of_one_annotation():
     with extender_over(api, kube_of(api)) as (service, url):
         holder = memory.create_pod(pod("holder", mem=16))
         waiter = memory.create_pod(pod("waiter", mem=16))
-        wait_until(lambda: waiter.key in service.cache.pods, what="the watch to see the pods")
+        wait_until(
+            lambda: service.cache.pod(waiter.key) is not None, what="the watch to see the pods"
+        )
         with httpx.Client(base_url=url + PREFIX) as http:
             meta = holder.metadata
             bind = {"PodName": "holder", "PodNamespace": "default", "PodUID": meta.uid}
             assert http.post("/bind", json={**bind, "Node": "n1"}).json() == {"Error": ""}
-            wait_until(lambda: not service.cache.assumed, what="the watch to show the bind")
+            wait_until(lambda: not service.cache.assumed_keys(), what="the watch to show the bind")
             args = {"Pod": pod_json(waiter), "Nodes": None, "NodeNames": ["n1"]}
             assert http.post("/filter", json=args).json()["NodeNames"] == []
         memory.delete_pod("default", "holder")

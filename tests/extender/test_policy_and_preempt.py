@@ -2,8 +2,8 @@
 
 import pytest
 
-from gpushare import policies
 from gpushare.placement import Assignment, PlacementPolicy
+from gpushare.policies import POLICIES
 from gpushare.request import PodRequest
 from gpushare.state import GpuView, NodeView
 from tests.builders import node, pod
@@ -69,12 +69,16 @@ class HighestFirst(PlacementPolicy):
         return 100.0 if view.name == "z" else 0.0
 
 
-def test_a_policy_added_to_the_registry_is_usable_by_name(cluster, scheduler_for, monkeypatch):
+def with_highest_first(policy: HighestFirst):
+    """The standard registry plus HighestFirst, made as this very object (to look into)."""
+    return {**POLICIES, HighestFirst.name: lambda: policy}
+
+
+def test_a_policy_added_to_the_registry_is_usable_by_name(cluster, scheduler_for):
     policy = HighestFirst()
-    monkeypatch.setitem(policies.POLICIES, policy.name, policy)
     cluster.add_node(node("a", "4x16GiB"))
     cluster.add_node(node("z", "4x16GiB"))
-    s = scheduler_for()
+    s = scheduler_for(policies=with_highest_first(policy))
     p = s.submit(with_policy("highest-first", name="p", mem=2))
     s.filter(p)
     s.filter(p)  # the scheduler retries: the policy learns of each pod once
@@ -84,11 +88,10 @@ def test_a_policy_added_to_the_registry_is_usable_by_name(cluster, scheduler_for
     assert allocation_of(cluster, "default", "p").gpu_indices == (3,)
 
 
-def test_a_policy_named_by_a_node_label_learns_of_pods_too(cluster, scheduler_for, monkeypatch):
+def test_a_policy_named_by_a_node_label_learns_of_pods_too(cluster, scheduler_for):
     policy = HighestFirst()
-    monkeypatch.setitem(policies.POLICIES, policy.name, policy)
     cluster.add_node(node("a", "4x16GiB", **{"ack.node.gpu.placement": "highest-first"}))
-    s = scheduler_for()
+    s = scheduler_for(policies=with_highest_first(policy))
     assert s.schedule(s.submit(pod("p", mem=2))) == "a"
     assert allocation_of(cluster, "default", "p").gpu_indices == (3,)
     assert len(policy.observed) == 1

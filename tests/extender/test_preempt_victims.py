@@ -39,7 +39,7 @@ def preempt(s: Scheduler, preemptor: Pod, offered: dict[str, list[str]], pdbs: i
 def evict_then_schedule(s: Scheduler, preemptor: Pod, victims: set[str]) -> str | dict:
     for name in victims:
         s.cluster.delete_pod("default", name)
-    wait_until(lambda: not {f"default/{v}" for v in victims} & s.service.cache.pods.keys())
+    wait_until(lambda: all(s.service.cache.pod(f"default/{v}") is None for v in victims))
     return s.schedule(s.submit(preemptor))
 
 
@@ -155,7 +155,7 @@ def test_pods_being_deleted_are_not_evicted_again(cluster, scheduler_for):
     s = scheduler_for()
     fill(s, "n", ("z", 8, 0, (0,)), ("a", 8, 0, (0,)), ("c", 8, 0, (1,)), ("d", 8, 0, (1,)))
     cluster.begin_pod_deletion("default", "z")  # its containers are stopping
-    wait_until(lambda: s.service.cache.pods["default/z"].deleting)
+    wait_until(lambda: s.service.cache.pod("default/z").deleting)
     assert s.filter(pod("small", mem=8, priority=HIGH))["NodeNames"] == []  # z holds GPU 0
     big = pod("big", mem=16, priority=HIGH)
     assert preempt(s, big, {"n": ["z", "c"]}) == {"n": {"a"}}

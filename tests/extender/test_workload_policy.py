@@ -4,8 +4,8 @@ bind, and it learns the workload from the pods filter sees."""
 
 import pytest
 
-from gpushare import policies
 from gpushare.lookahead import LookaheadFgdPolicy
+from gpushare.policies import POLICIES, PolicyFactory
 from gpushare.workload import TaskShape, Workload
 from tests.builders import node, pod
 from tests.extender.harness import allocation_of
@@ -17,12 +17,15 @@ from tests.extender.harness import allocation_of
 FIVES_AND_ELEVENS = Workload(((TaskShape(gpus=1, mem=5), 0.5), (TaskShape(gpus=1, mem=11), 0.5)))
 
 
+def registry_with(policy: LookaheadFgdPolicy) -> dict[str, PolicyFactory]:
+    """The standard registry, with our policy made as this very object (to look into)."""
+    return {**POLICIES, policy.name: lambda: policy}
+
+
 @pytest.fixture
-def ours(monkeypatch) -> LookaheadFgdPolicy:
-    """Our policy, registered under its own name, judging against a known workload."""
-    policy = LookaheadFgdPolicy(FIVES_AND_ELEVENS)
-    monkeypatch.setitem(policies.POLICIES, policy.name, policy)
-    return policy
+def ours() -> LookaheadFgdPolicy:
+    """Our policy, judging against a known workload."""
+    return LookaheadFgdPolicy(FIVES_AND_ELEVENS)
 
 
 def with_policy(name: str, pod_name: str, mem: int):
@@ -36,17 +39,14 @@ MOSTLY_WHOLE_GPUS = Workload(
 )
 
 
-def test_the_pod_annotation_makes_ours_choose_the_node_binpack_would_not(
-    cluster, scheduler_for, monkeypatch
-):
+def test_the_pod_annotation_makes_ours_choose_the_node_binpack_would_not(cluster, scheduler_for):
     ours = LookaheadFgdPolicy(MOSTLY_WHOLE_GPUS)
-    monkeypatch.setitem(policies.POLICIES, ours.name, ours)
     # Node a: GPU 0 nearly full, GPU 1 empty. Node b: 4 GiB on each GPU. Binpack puts
     # an 8 GiB slice on a (the fuller node), opening its empty GPU; ours keeps that GPU
     # whole and fills one of b's.
     cluster.add_node(node("a", "2x16GiB"))
     cluster.add_node(node("b", "2x16GiB"))
-    s = scheduler_for()
+    s = scheduler_for(policies=registry_with(ours))
     for name, mem, target in (("a0", 14, "a"), ("b0", 4, "b")):
         assert s.bind(s.submit(pod(name, mem=mem)), target) == ""
     assert s.bind(s.submit(with_policy("spread", "b1", 4)), "b") == ""
@@ -66,20 +66,17 @@ def test_the_pod_annotation_makes_ours_choose_the_node_binpack_would_not(
 
 def test_inside_a_node_ours_picks_the_gpu_that_leaves_a_useful_hole(cluster, scheduler_for, ours):
     cluster.add_node(node("n", "2x16GiB", **{"ack.node.gpu.placement": ours.name}))
-    s = scheduler_for()
+    s = scheduler_for(policies=registry_with(ours))
     assert s.schedule(s.submit(pod("small", mem=3))) == "n"
     assert allocation_of(cluster, "default", "small").gpu_indices == (0,)
     assert s.schedule(s.submit(pod("big", mem=11))) == "n"
     assert allocation_of(cluster, "default", "big").gpu_indices == (1,)
 
 
-def test_the_default_placement_flag_selects_ours_and_filter_teaches_it(
-    cluster, scheduler_for, monkeypatch
-):
+def test_the_default_placement_flag_selects_ours_and_filter_teaches_it(cluster, scheduler_for):
     learning = LookaheadFgdPolicy()
-    monkeypatch.setitem(policies.POLICIES, learning.name, learning)
     cluster.add_node(node("n", "4x16GiB"))
-    s = scheduler_for(default_placement=learning.name)
+    s = scheduler_for(default_placement=learning.name, policies=registry_with(learning))
     epoch = learning.epoch
     for i in range(40):
         p = s.submit(pod(f"p{i}", mem=4))

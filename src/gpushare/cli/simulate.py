@@ -36,7 +36,7 @@ def default_trace_dir() -> Path:
     return Path(str(resources.files("gpushare.cli") / "data" / "openb"))
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = commands.add_parser(
         "simulate",
         help="replay the openb GPU-sharing trace through the placement policies",

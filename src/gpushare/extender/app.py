@@ -77,7 +77,8 @@ class Extender:
         return verbs.preempt_nodes(self.cache, parse(PreemptionArgs, body))
 
     def validate(self, body: bytes) -> bytes:
-        answer = webhook.validate(parse(AdmissionReview, body), self.scheduler_names)
+        review = parse(AdmissionReview, body)
+        answer = webhook.validate(review, self.scheduler_names, self.cache.policy_names)
         allowed = str(answer["response"]["allowed"]).lower()
         self.metrics.admission.labels("validate", allowed).inc()
         return dumps(answer)

@@ -27,13 +27,12 @@ from gpushare.cluster import (
     NotFound,
     ObjectRef,
 )
-from gpushare.errors import PodRefused
+from gpushare.errors import PodRefused, Refusal
 from gpushare.extender.cache import SchedulerCache
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.policychoice import pod_policy
 from gpushare.extender.wire import BindingArgs, for_scheduler
 from gpushare.objects import Pod
-from gpushare.placement import to_allocation
 from gpushare.request import parse_pod_request
 
 log = logging.getLogger(__name__)
@@ -100,19 +99,12 @@ class Binder:
             self._create_binding(pod, args.node, None)
             return
         uid = pod.metadata.uid
-        policy = pod_policy(pod.metadata.annotations)
+        policy = pod_policy(pod.metadata.annotations, self._cache.policy_names)
         with self._node_lock(args.node):
-            with self._cache.lock:
-                # A reservation of ours for this very pod is stale: the pod is not bound.
-                self._cache.forget(pod.key, uid)
-                fit = self._cache.place(args.node, request, policy)
-                state = self._cache.node_state(args.node)
-                if fit.placement is None or state is None:
-                    raise BindRefused(f"pod {pod.key} does not fit any more: {fit.reason}")
-                allocation = to_allocation(
-                    request, fit.placement.assignment, state.inventory, self._now()
-                )
-                self._cache.assume(pod.key, uid, allocation)
+            reserved = self._cache.reserve(pod.key, uid, args.node, request, policy, self._now())
+            if isinstance(reserved, Refusal):
+                raise BindRefused(f"pod {pod.key} does not fit any more: {reserved}")
+            allocation = reserved
             try:
                 created = self._create_binding(pod, args.node, annotation.encode(allocation))
             except BindRefused as refused:

@@ -4,9 +4,15 @@ binds the watch has not shown yet ("assumed" pods, as kube-scheduler calls them)
 It is the sink of the node and pod watch caches, so it is rebuilt from
 annotations alone after every listing, and it never holds the only copy of
 anything: an assumed allocation is also on its way to the API inside the
-Binding. Everything here runs under one lock; scheduling decisions read the
-state and reserve in the same critical section, so concurrent binds cannot both
-take the last slice of a GPU.
+Binding. Everything here runs under one lock, which never leaves this class:
+callers ask questions (answers, victims, details) or do operations (reserve,
+assume, forget) through its methods, each one critical section. Scheduling
+decisions read the state and reserve in the same critical section (`reserve`),
+so concurrent binds cannot both take the last slice of a GPU.
+
+Its placement policies are its own objects, made from a registry of factories
+(gpushare.policies), so what a policy learns from the pods filter sees belongs
+to this extender alone.
 
 It also remembers the pods filter refused on every candidate node and calls
 `on_capacity_freed` when a change it applies adds room, for the requeue nudge
@@ -19,25 +25,29 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster import EventType
 from gpushare.errors import AnnotationError, Refusal, Rule
-from gpushare.extender.fittable import Answers, FitTable, NodeFit
+from gpushare.extender.fittable import Answers, AnswerTable, NodeFit
+from gpushare.extender.nodedetails import ClusterDetails, NodeDetails, node_details
 from gpushare.extender.policychoice import node_policy
 from gpushare.extender.schedulernames import unserved_scheduler
+from gpushare.fitcache import FitCache
 from gpushare.inventory import adds_room, node_gpus
 from gpushare.labels import PlacementMode
 from gpushare.objects import Node, Pod
-from gpushare.placement import PlacementPolicy, evaluate, extender_score
-from gpushare.policies import POLICIES
+from gpushare.placement import PlacementPolicy, evaluate, extender_score, to_allocation
+from gpushare.policies import POLICIES, PolicyFactory, build
+from gpushare.preemption import choose_victims
 from gpushare.request import PodRequest, requests_gpu
 from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU
-from gpushare.state import ClusterState, NodeState, Snapshot
+from gpushare.state import ClusterState, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +57,6 @@ then the API shows the pod gone or still unbound."""
 
 _FIT_TABLES = 64
 """Request shapes whose per-node results are kept (most recently used first)."""
-_LOG_LIMIT = 50_000
 _OBSERVED_LIMIT = 100_000
 _EXPIRY_EVERY_S = 5.0
 _REFUSED_LIMIT = 10_000
@@ -56,8 +65,8 @@ _NOTICED_LIMIT = 10_000
 """UIDs of pods with an unserved schedulerName told about already; the oldest go first."""
 
 
-@dataclass(slots=True)
-class _PodRecord:
+@dataclass(frozen=True, slots=True)
+class PodRecord:
     uid: str
     node: str | None
     allocation: PodAllocation | None
@@ -67,7 +76,7 @@ class _PodRecord:
     """Deletion asked for: preemption counts its GPUs as freed and never picks it."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Assumed:
     uid: str
     allocation: PodAllocation
@@ -88,8 +97,14 @@ class SchedulerCache:
         assume_ttl_s: float = ASSUME_TTL_S,
         clock: Callable[[], float] = time.monotonic,
         served_schedulers: Sequence[str] | None = None,
+        policies: Mapping[str, PolicyFactory] = POLICIES,
     ) -> None:
-        self.lock = threading.RLock()
+        self._lock = threading.RLock()
+        self._policy_objects = build(policies)
+        self.policy_names = frozenset(self._policy_objects)
+        """The names pods and nodes may choose a policy by."""
+        if default_policy not in self.policy_names:
+            raise ValueError(f"default policy {default_policy!r} is not among the policies given")
         self.default_policy = default_policy
         self.max_pods_per_gpu = max_pods_per_gpu
         self.assume_ttl_s = assume_ttl_s
@@ -99,23 +114,22 @@ class SchedulerCache:
             if default_policy in PlacementMode.__members__.values()
             else PlacementMode.BINPACK
         )
-        self.state = ClusterState()
-        self.nodes: dict[str, Node] = {}
-        self.node_policies: dict[str, str] = {}
-        self.node_problems: dict[str, str] = {}
-        self.pods: dict[str, _PodRecord] = {}
-        self.pod_problems: dict[str, str] = {}
-        self.assumed: dict[str, _Assumed] = {}
+        self._state = ClusterState()
+        self._nodes: dict[str, Node] = {}
+        self._node_policies: dict[str, str] = {}
+        self._node_problems: dict[str, str] = {}
+        self._pods: dict[str, PodRecord] = {}
+        self._pod_problems: dict[str, str] = {}
+        self._assumed: dict[str, _Assumed] = {}
         self._policy_use: Counter[str] = Counter()
-        self._tables: OrderedDict[tuple[Any, ...], FitTable] = OrderedDict()
-        self._log: list[str] = []
+        self._fits: FitCache[AnswerTable] = FitCache(AnswerTable, _FIT_TABLES)
         self._observed: OrderedDict[str, None] = OrderedDict()
         self._next_expiry = 0.0
-        self.refused: OrderedDict[str, str] = OrderedDict()
+        self._refused: OrderedDict[str, str] = OrderedDict()
         """Pods whose last filter answer refused every candidate node, key → UID, least
         recently refused first: those the requeue nudge asks kube-scheduler to retry."""
         self._freed: set[str] = set()
-        self.listed_waiting = False
+        self._listed_waiting = False
         """Set when a listing added waiting pods to `refused` (see _note_waiting)."""
         self.on_capacity_freed: Callable[[], None] = lambda: None
         """Called (with the lock held) when room appeared on a node while pods wait in
@@ -123,19 +137,19 @@ class SchedulerCache:
         self.served_schedulers = served_schedulers
         """Every schedulerName our scheduler serves; None: pods naming another are not
         looked for."""
-        self.unserved: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._unserved: OrderedDict[str, tuple[str, str]] = OrderedDict()
         """Unbound pods asking for our resources under a schedulerName neither ours nor
         the default scheduler's, not told about yet: key → (UID, schedulerName)."""
         self._noticed: OrderedDict[str, None] = OrderedDict()
         self.on_unserved: Callable[[], None] = lambda: None
         """Called (with the lock held) when a pod joins `unserved`: the wake-up of the
         worker that posts their events (extender.unserved)."""
-        self.nodes_synced = False
-        self.pods_synced = False
+        self._nodes_synced = False
+        self._pods_synced = False
 
     @property
     def synced(self) -> bool:
-        return self.nodes_synced and self.pods_synced
+        return self._nodes_synced and self._pods_synced
 
     # ----- sinks of the watch caches
 
@@ -146,107 +160,107 @@ class SchedulerCache:
         return _Sink(self.replace_pods, self.apply_pod)
 
     def replace_nodes(self, nodes: list[Node]) -> None:
-        with self.lock:
-            self.nodes = {node.name: node for node in nodes}
-            self.nodes_synced = True
+        with self._lock:
+            self._nodes = {node.name: node for node in nodes}
+            self._nodes_synced = True
             self._rebuild()
-            self._capacity_freed(self.nodes)  # what changed while the watch was away is unknown
+            self._capacity_freed(self._nodes)  # what changed while the watch was away is unknown
 
     def replace_pods(self, pods: list[Pod]) -> None:
-        with self.lock:
+        with self._lock:
             # Let go of the old allocations before decoding the new ones: 100,000 pods
             # otherwise briefly need both (bench/scale_bench.py: peak 1.2 GiB, not 0.9).
-            self.state = ClusterState()
-            self._tables.clear()
-            self.pods = {}
-            self.pod_problems = {}
-            self.unserved = OrderedDict()
+            self._state = ClusterState()
+            self._fits.clear()
+            self._pods = {}
+            self._pod_problems = {}
+            self._unserved = OrderedDict()
             listed = {pod.metadata.uid for pod in pods}
             self._noticed = OrderedDict.fromkeys(uid for uid in self._noticed if uid in listed)
             for pod in pods:
                 if not pod.is_finished:
-                    self.pods[pod.key] = self._record(pod)
+                    self._pods[pod.key] = self._record(pod)
                     self._note_unserved(pod)
                     self._note_waiting(pod)
-            self.pods_synced = True
+            self._pods_synced = True
             self._rebuild()
-            self._capacity_freed(self.nodes)
-            if self.unserved:
+            self._capacity_freed(self._nodes)
+            if self._unserved:
                 self.on_unserved()
 
     def apply_node(self, event_type: EventType, node: Node) -> None:
-        with self.lock:
+        with self._lock:
             if event_type is EventType.DELETED:
-                self.nodes.pop(node.name, None)
+                self._nodes.pop(node.name, None)
                 self._drop_node(node.name)
             else:
-                current = self.state.nodes.get(node.name)
+                current = self._state.nodes.get(node.name)
                 before = current.inventory if current else None
-                self.nodes[node.name] = node
+                self._nodes[node.name] = node
                 if not self._put_node(node):
                     return  # a status update that changes nothing placement reads
-                after = self.state.nodes.get(node.name)
+                after = self._state.nodes.get(node.name)
                 if adds_room(before, after.inventory if after else None):
                     self._capacity_freed((node.name,))
             self._changed(node.name)
 
     def apply_pod(self, event_type: EventType, pod: Pod) -> None:
-        with self.lock:
+        with self._lock:
             key = pod.key
             # A pod being deleted still runs on its GPUs: it is let go when gone or finished.
             if event_type is EventType.DELETED or pod.is_finished:
-                self.pods.pop(key, None)
-                self.pod_problems.pop(key, None)
-                self.assumed.pop(key, None)
-                self.refused.pop(key, None)
-                self.unserved.pop(key, None)
+                self._pods.pop(key, None)
+                self._pod_problems.pop(key, None)
+                self._assumed.pop(key, None)
+                self._refused.pop(key, None)
+                self._unserved.pop(key, None)
                 self._noticed.pop(pod.metadata.uid, None)
                 self._set_allocation(key, None)
                 return
-            record = self.pods[key] = self._record(pod)
+            record = self._pods[key] = self._record(pod)
             if self._note_unserved(pod):
                 self.on_unserved()
             if record.node:
-                self.refused.pop(key, None)
-            assumed = self.assumed.get(key)
+                self._refused.pop(key, None)
+            assumed = self._assumed.get(key)
             if assumed is not None:
                 if assumed.uid == record.uid and record.allocation is None and not record.node:
                     # An event from before our bind: the Binding is still on its way.
                     return
-                del self.assumed[key]
+                del self._assumed[key]
             self._set_allocation(key, record.allocation)
 
     # ----- binds in flight
 
     def assume(self, pod_key: str, uid: str, allocation: PodAllocation) -> None:
-        with self.lock:
-            self.assumed[pod_key] = _Assumed(uid, allocation, self._clock())
+        with self._lock:
+            self._assumed[pod_key] = _Assumed(uid, allocation, self._clock())
             self._set_allocation(pod_key, allocation)
 
     def forget(self, pod_key: str, uid: str) -> None:
         """Undo assume(): the bind failed, the API's view of the pod stands."""
-        with self.lock:
-            assumed = self.assumed.get(pod_key)
+        with self._lock:
+            assumed = self._assumed.get(pod_key)
             if assumed is None or assumed.uid != uid:
                 return
-            del self.assumed[pod_key]
-            record = self.pods.get(pod_key)
+            del self._assumed[pod_key]
+            record = self._pods.get(pod_key)
             self._set_allocation(pod_key, record.allocation if record else None)
 
     def expire(self) -> list[str]:
         """Drops assumptions older than the TTL whose pod the API shows gone or unbound."""
-        with self.lock:
+        with self._lock:
             now = self._clock()
             if now < self._next_expiry:
                 return []
             self._next_expiry = now + min(_EXPIRY_EVERY_S, self.assume_ttl_s)
             dropped = []
-            for key, assumed in list(self.assumed.items()):
+            for key, assumed in list(self._assumed.items()):
                 if now - assumed.since < self.assume_ttl_s:
                     continue
-                record = self.pods.get(key)
+                record = self._pods.get(key)
                 if record is None or (record.allocation is None and not record.node):
-                    del self.assumed[key]
+                    del self._assumed[key]
                     self._set_allocation(key, record.allocation if record else None)
                     dropped.append(key)
             for key in dropped:
@@ -255,28 +269,28 @@ class SchedulerCache:
 
     # ----- pods refused everywhere, for the requeue nudge
 
-    def filtered(self, pod_key: str, uid: str, refused_everywhere: bool) -> None:
+    def _filtered(self, pod_key: str, uid: str, refused_everywhere: bool) -> None:
         """Filter's verdict on a pod: remembered while every candidate node refuses it.
-        Call with the lock held; one dict operation, as filter is the hot path."""
+        One dict operation, as filter is the hot path."""
         if refused_everywhere:
-            self.refused[pod_key] = uid
-            self.refused.move_to_end(pod_key)
-            if len(self.refused) > _REFUSED_LIMIT:
-                self.refused.popitem(last=False)
-        elif self.refused:
-            self.refused.pop(pod_key, None)
+            self._refused[pod_key] = uid
+            self._refused.move_to_end(pod_key)
+            if len(self._refused) > _REFUSED_LIMIT:
+                self._refused.popitem(last=False)
+        elif self._refused:
+            self._refused.pop(pod_key, None)
 
     def take_requeue(self, limit: int) -> tuple[set[str], list[tuple[str, str]]]:
         """The nodes where room appeared since the last call, and up to `limit` refused
         pods (key, UID) still waiting, least recently refused first. Pods the watch
         shows bound, being deleted or created again are forgotten here; pods it has
         not shown yet are kept (patching one that is gone answers 404)."""
-        with self.lock:
+        with self._lock:
             nodes, self._freed = self._freed, set()
             waiting: list[tuple[str, str]] = []
             gone = []
-            for key, uid in self.refused.items():
-                record = self.pods.get(key)
+            for key, uid in self._refused.items():
+                record = self._pods.get(key)
                 if record is not None and (record.node or record.deleting or record.uid != uid):
                     gone.append(key)
                     continue
@@ -284,7 +298,7 @@ class SchedulerCache:
                 if len(waiting) == limit:
                     break
             for key in gone:
-                del self.refused[key]
+                del self._refused[key]
             return nodes, waiting
 
     def _note_waiting(self, pod: Pod) -> None:
@@ -300,20 +314,20 @@ class SchedulerCache:
             and not pod.is_deleting
             and requests_gpu(pod)
         ):
-            self.refused[pod.key] = pod.metadata.uid
-            self.listed_waiting = True
+            self._refused[pod.key] = pod.metadata.uid
+            self._listed_waiting = True
 
     def take_listed_waiting(self) -> bool:
         """Whether pods joined the nudge because a listing showed them waiting (once)."""
-        with self.lock:
-            listed, self.listed_waiting = self.listed_waiting, False
+        with self._lock:
+            listed, self._listed_waiting = self._listed_waiting, False
             return listed
 
     def forget_refused(self, pod_key: str, uid: str) -> None:
         """The API says the pod is gone."""
-        with self.lock:
-            if self.refused.get(pod_key) == uid:
-                del self.refused[pod_key]
+        with self._lock:
+            if self._refused.get(pod_key) == uid:
+                del self._refused[pod_key]
 
     # ----- pods naming a scheduler nobody serves, for their event
 
@@ -322,32 +336,173 @@ class SchedulerCache:
         from now on, so that it gets one event: a pod updated again, or listed again
         after a re-list, is not taken again while the UID is among the last 10,000
         told about (a deleted pod's is forgotten)."""
-        with self.lock:
-            taken = [(key, uid, name) for key, (uid, name) in self.unserved.items()]
-            self.unserved.clear()
+        with self._lock:
+            taken = [(key, uid, name) for key, (uid, name) in self._unserved.items()]
+            self._unserved.clear()
             for _, uid, _ in taken:
                 self._noticed[uid] = None
                 if len(self._noticed) > _NOTICED_LIMIT:
                     self._noticed.popitem(last=False)
             return taken
 
-    # ----- what filter, prioritize, bind and preempt read (call with the lock held)
+    # ----- what filter, prioritize, bind and preempt ask
+
+    def filter(
+        self, pod_key: str, uid: str, request: PodRequest, pod_policy: str | None, names: list[str]
+    ) -> Answers:
+        """Filter's answers for the pod, its policies taught about it first; while it
+        fits nowhere it is remembered for the requeue nudge (extender.requeue)."""
+        with self._lock:
+            self._observe(uid or pod_key, request, pod_policy)
+            answers = self._answers(request, pod_policy, names)
+            self._filtered(pod_key, uid, answers.fits_nowhere())
+            return answers
 
     def answers(self, request: PodRequest, pod_policy: str | None, names: list[str]) -> Answers:
-        """The request's answer on each node, against the current state (nodes that
-        did not change since an earlier request of the same shape are not evaluated
-        again)."""
+        """The request's answer on each node, against the current state (what
+        prioritize sends)."""
+        with self._lock:
+            return self._answers(request, pod_policy, names)
+
+    def reserve(
+        self,
+        pod_key: str,
+        uid: str,
+        node: str,
+        request: PodRequest,
+        pod_policy: str | None,
+        bound_at: datetime,
+    ) -> PodAllocation | Refusal:
+        """Places the pod on the node against the latest state and reserves the
+        allocation (as assume()), in one critical section: a filter or a bind running
+        beside it already counts it. Why it does not fit, when it does not."""
+        with self._lock:
+            # A reservation of ours for this very pod is stale: the pod is not bound.
+            self.forget(pod_key, uid)
+            fit = self._evaluate(node, request, pod_policy)
+            state = self._state.nodes.get(node)
+            if fit.placement is None or state is None:
+                assert fit.refusal is not None
+                return fit.refusal
+            allocation = to_allocation(request, fit.placement.assignment, state.inventory, bound_at)
+            self.assume(pod_key, uid, allocation)
+            return allocation
+
+    def victims(
+        self,
+        node: str,
+        request: PodRequest,
+        pod_policy: str | None,
+        priority: int,
+        offered: list[str],
+    ) -> list[str]:
+        """The UIDs to evict from the node for a pod of that priority, by our rules
+        (gpushare.preemption); `offered` when the scheduler's own UIDs make room and
+        cost no more; empty when nothing helps. Pods being deleted count as gone."""
+        with self._lock:
+            state = self._state.nodes.get(node)
+            if state is None:
+                return []
+            uids = {key: self._pod_uid(key) for key in state.pods}
+            keys = {uid: key for key, uid in uids.items()}
+            eligible: dict[str, int] = {}
+            leaving = set()
+            for key in state.pods:
+                record = self._pods.get(key)
+                if record is None:
+                    continue  # assumed and not seen yet: its priority is unknown, it stays
+                if record.deleting:
+                    leaving.add(key)
+                elif record.priority < priority:
+                    eligible[key] = record.priority
+            eviction = choose_victims(
+                state,
+                request,
+                self._policy_for(node, pod_policy),
+                eligible,
+                offered=[keys[uid] for uid in offered if uid in keys],
+                leaving=leaving,
+            )
+        if eviction is None:
+            return []
+        if eviction.keeps_offered:
+            return offered
+        return [uids[key] for key in eviction.pods]
+
+    # ----- what /inspect, /metrics, the log and tests ask
+
+    def counts(self) -> "CacheCounts":
+        with self._lock:
+            return CacheCounts(
+                nodes=len(self._nodes),
+                gpus=sum(len(state.inventory.gpus) for state in self._state.nodes.values()),
+                pods=len(self._pods),
+                placed=len(self._state.pod_nodes),
+                assumed=len(self._assumed),
+                refused=len(self._refused),
+                problems=len(self._node_problems) + len(self._pod_problems),
+            )
+
+    def has_node(self, name: str) -> bool:
+        with self._lock:
+            return name in self._nodes
+
+    def pod(self, pod_key: str) -> PodRecord | None:
+        """What the watch showed of the pod last (None: not seen, or gone)."""
+        with self._lock:
+            return self._pods.get(pod_key)
+
+    def assumed_keys(self) -> list[str]:
+        with self._lock:
+            return sorted(self._assumed)
+
+    def refused_keys(self) -> list[str]:
+        """The pods waiting for the requeue nudge, least recently refused first."""
+        with self._lock:
+            return list(self._refused)
+
+    def pod_problem(self, pod_key: str) -> str | None:
+        with self._lock:
+            return self._pod_problems.get(pod_key)
+
+    def node_details(self, name: str) -> NodeDetails | None:
+        """What the node holds, GPU by GPU and pod by pod; None when it is not known."""
+        with self._lock:
+            if name not in self._state.nodes and name not in self._node_problems:
+                return None
+            return self._details(name, with_pods=True)
+
+    def nodes_details(self, with_pods: bool = False) -> list[NodeDetails]:
+        """Every node's details, by name (GPU by GPU; pod by pod when asked)."""
+        with self._lock:
+            names = sorted(set(self._state.nodes) | set(self._node_problems))
+            return [self._details(name, with_pods) for name in names]
+
+    def details(self) -> ClusterDetails:
+        """The whole picture, at one instant: what /inspect shows."""
+        with self._lock:
+            nodes = [n for n in self.nodes_details(with_pods=True) if n.gpus or n.problem]
+            return ClusterDetails(
+                self.synced, tuple(nodes), tuple(sorted(self._assumed)), dict(self._pod_problems)
+            )
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            return self._state.snapshot()
+
+    # ----- internals
+
+    def _answers(self, request: PodRequest, pod_policy: str | None, names: list[str]) -> Answers:
+        """Nodes that did not change since an earlier request of the same shape are
+        not evaluated again."""
         table = self._table(request, pod_policy)
         return table.answers(names, lambda name: self._evaluate(name, request, pod_policy))
 
-    def place(self, name: str, request: PodRequest, pod_policy: str | None) -> NodeFit:
-        """A fresh evaluation against the latest state (what bind re-checks with)."""
-        return self._evaluate(name, request, pod_policy)
+    def _policy_for(self, node: str, pod_policy: str | None) -> PlacementPolicy:
+        name = pod_policy or self._node_policies.get(node, self.default_policy)
+        return self._policy_objects[name]
 
-    def policy_for(self, node: str, pod_policy: str | None) -> PlacementPolicy:
-        return POLICIES[pod_policy or self.node_policies.get(node, self.default_policy)]
-
-    def observe(self, uid: str, request: PodRequest, pod_policy: str | None) -> None:
+    def _observe(self, uid: str, request: PodRequest, pod_policy: str | None) -> None:
         """policy.observe(request), once per pod, for each policy that may place it."""
         if uid in self._observed:
             return
@@ -355,36 +510,38 @@ class SchedulerCache:
         if len(self._observed) > _OBSERVED_LIMIT:
             self._observed.popitem(last=False)
         for name in self._policies(pod_policy):
-            POLICIES[name].observe(request)
+            self._policy_objects[name].observe(request)
 
     def _policies(self, pod_policy: str | None) -> list[str]:
         """The policies that may place a pod: the one it names, else every node's."""
         return [pod_policy] if pod_policy else sorted({self.default_policy, *self._policy_use})
 
-    def node_state(self, name: str) -> NodeState | None:
-        return self.state.nodes.get(name)
-
-    def pod_uid(self, pod_key: str) -> str:
-        record = self.pods.get(pod_key) or self.assumed.get(pod_key)
+    def _pod_uid(self, pod_key: str) -> str:
+        record = self._pods.get(pod_key) or self._assumed.get(pod_key)
         return record.uid if record else ""
 
-    def snapshot(self) -> Snapshot:
-        with self.lock:
-            return self.state.snapshot()
+    def _details(self, name: str, with_pods: bool) -> NodeDetails:
+        policy = self._node_policies.get(name, self.default_policy)
+        return node_details(
+            name,
+            self._state.nodes.get(name),
+            policy,
+            self._node_problems.get(name),
+            self._assumed,
+            with_pods,
+        )
 
-    # ----- internals
-
-    def _record(self, pod: Pod) -> _PodRecord:
+    def _record(self, pod: Pod) -> PodRecord:
         try:
             allocation = annotation.decode(pod)
-            self.pod_problems.pop(pod.key, None)
+            self._pod_problems.pop(pod.key, None)
         except AnnotationError as err:
             # Left out, never guessed at; shown in /inspect and the log.
             allocation = None
-            if self.pod_problems.get(pod.key) != str(err):
+            if self._pod_problems.get(pod.key) != str(err):
                 log.warning("pod %s: %s", pod.key, err)
-            self.pod_problems[pod.key] = str(err)
-        return _PodRecord(
+            self._pod_problems[pod.key] = str(err)
+        return PodRecord(
             pod.metadata.uid,
             pod.spec.node_name,
             allocation,
@@ -403,119 +560,101 @@ class SchedulerCache:
             else unserved_scheduler(pod, self.served_schedulers)
         )
         if name is None:
-            if self.unserved:
-                self.unserved.pop(pod.key, None)
+            if self._unserved:
+                self._unserved.pop(pod.key, None)
             return False
-        joined = pod.key not in self.unserved
-        self.unserved[pod.key] = (uid, name)
+        joined = pod.key not in self._unserved
+        self._unserved[pod.key] = (uid, name)
         return joined
 
     def _rebuild(self) -> None:
-        self.state = ClusterState()
-        self.node_policies = {}
-        self.node_problems = {}
+        self._state = ClusterState()
+        self._node_policies = {}
+        self._node_problems = {}
         self._policy_use = Counter()
-        for node in self.nodes.values():
+        for node in self._nodes.values():
             self._put_node(node)
-        for key, record in self.pods.items():
+        for key, record in self._pods.items():
             if record.allocation is not None:
-                self.state.add_pod(key, record.allocation)
-        for key, assumed in list(self.assumed.items()):
-            record = self.pods.get(key)
-            if record is not None and (record.allocation is not None or record.node):
-                del self.assumed[key]  # the listing already shows what came of it
+                self._state.add_pod(key, record.allocation)
+        for key, assumed in list(self._assumed.items()):
+            seen = self._pods.get(key)
+            if seen is not None and (seen.allocation is not None or seen.node):
+                del self._assumed[key]  # the listing already shows what came of it
             else:
-                self.state.add_pod(key, assumed.allocation)
-        self._tables.clear()
-        self._log.clear()
+                self._state.add_pod(key, assumed.allocation)
+        self._fits.clear()
 
     def _put_node(self, node: Node) -> bool:
         """Takes the node's labels and GPUs; False when nothing placement reads changed."""
         name = node.name
-        policy = node_policy(node.metadata.labels, self.default_policy)
+        policy = node_policy(node.metadata.labels, self.default_policy, self.policy_names)
         try:
             inventory = node_gpus(node, self._placement_default, self.max_pods_per_gpu)
             problem = None
         except AnnotationError as err:
             inventory, problem = None, str(err)
-        current = self.state.nodes.get(name)
+        current = self._state.nodes.get(name)
         if (
-            self.node_policies.get(name) == policy
-            and self.node_problems.get(name) == problem
+            self._node_policies.get(name) == policy
+            and self._node_problems.get(name) == problem
             and (current.inventory if current else None) == inventory
         ):
             return False
         self._drop_node(name, keep_pods=True)
-        self.node_policies[name] = policy
+        self._node_policies[name] = policy
         self._policy_use[policy] += 1
         if inventory is None:
             log.warning("node %s: %s", name, problem)
-            self.node_problems[name] = problem or ""
-            self.state.remove_node(name)
+            self._node_problems[name] = problem or ""
+            self._state.remove_node(name)
         else:
-            self.state.set_node(inventory)
+            self._state.set_node(inventory)
         return True
 
     def _drop_node(self, name: str, keep_pods: bool = False) -> None:
-        policy = self.node_policies.pop(name, None)
+        policy = self._node_policies.pop(name, None)
         if policy is not None:
             self._policy_use[policy] -= 1
             if not self._policy_use[policy]:
                 del self._policy_use[policy]
-        self.node_problems.pop(name, None)
+        self._node_problems.pop(name, None)
         if not keep_pods:
-            self.state.remove_node(name)
+            self._state.remove_node(name)
 
     def _set_allocation(self, pod_key: str, allocation: PodAllocation | None) -> None:
-        old = self.state.allocation(pod_key)
+        old = self._state.allocation(pod_key)
         if old == allocation:
             return
         if allocation is None:
-            self.state.remove_pod(pod_key)
+            self._state.remove_pod(pod_key)
             if old is not None:
                 self._capacity_freed((old.node,))
         else:
-            self.state.add_pod(pod_key, allocation)
+            self._state.add_pod(pod_key, allocation)
         for node in {a.node for a in (old, allocation) if a is not None}:
             self._changed(node)
 
     def _capacity_freed(self, nodes: Iterable[str]) -> None:
-        if self.refused:  # nobody waits otherwise: leave the worker asleep
+        if self._refused:  # nobody waits otherwise: leave the worker asleep
             self._freed.update(nodes)
             self.on_capacity_freed()
 
     def _changed(self, node: str) -> None:
-        self._log.append(node)
-        if len(self._log) > _LOG_LIMIT:
-            for table in self._tables.values():
-                self._catch_up(table)
-                table.position = 0
-            self._log.clear()
+        self._fits.changed(node)
 
-    def _catch_up(self, table: FitTable) -> None:
-        for name in self._log[table.position :]:
-            table.forget(name)
-        table.position = len(self._log)
-
-    def _table(self, request: PodRequest, pod_policy: str | None) -> FitTable:
-        key = (pod_policy, request.shape)
+    def _table(self, request: PodRequest, pod_policy: str | None) -> AnswerTable:
         # Only these policies' epochs: another policy learning must not throw away
         # answers it had no part in (a full re-evaluation of every node).
-        epochs = tuple((name, POLICIES[name].epoch) for name in self._policies(pod_policy))
-        table = self._tables.get(key)
-        if table is None or table.epochs != epochs:
-            table = self._tables[key] = FitTable(len(self._log), epochs)
-            if len(self._tables) > _FIT_TABLES:
-                self._tables.popitem(last=False)
-        else:
-            self._tables.move_to_end(key)
-            self._catch_up(table)
-        return table
+        epochs = tuple(
+            (name, self._policy_objects[name].epoch) for name in self._policies(pod_policy)
+        )
+        return self._fits.table((pod_policy, request.shape), epochs)
 
     def _evaluate(self, name: str, request: PodRequest, pod_policy: str | None) -> NodeFit:
-        state = self.state.nodes.get(name)
+        state = self._state.nodes.get(name)
         if state is None:
-            problem = self.node_problems.get(name)
+            problem = self._node_problems.get(name)
             message = (
                 f"node {name}: {problem}; fix the gpushare device plugin there"
                 if problem
@@ -523,10 +662,25 @@ class SchedulerCache:
             )
             refusal = Refusal(Rule.NODE_UNKNOWN, message)
             return NodeFit(None, refusal, 0, str(refusal))
-        result = evaluate(state.view(), request, self.policy_for(name, pod_policy))
+        result = evaluate(state.view(), request, self._policy_for(name, pod_policy))
         if isinstance(result, Refusal):
             return NodeFit(None, result, 0, str(result))
         return NodeFit(result, None, extender_score(result.score), "")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheCounts:
+    nodes: int
+    """Node objects the watch shows."""
+    gpus: int
+    pods: int
+    """Pods kept: those asking for our resources or carrying an allocation."""
+    placed: int
+    """Allocations (the watch's and assumed ones) on nodes the cache knows."""
+    assumed: int
+    refused: int
+    problems: int
+    """Nodes and pods whose annotations could not be read."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,17 +6,19 @@ until that node changes, together with the JSON fragments filter and
 prioritize answer with. An answer for 5,000 nodes is then one dict lookup per
 node plus a few C-level passes (map, filter, join) over the looked-up entries,
 instead of Python code per node: at that size memory traffic, not arithmetic,
-is what costs.
+is what costs. The entries live in the core's FitCache tables (gpushare.fitcache),
+which forget a node's entry when it changes.
 """
 
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from operator import itemgetter
 from typing import NamedTuple
 
 from gpushare.errors import Refusal
 from gpushare.extender.wire import for_scheduler
+from gpushare.fitcache import FitTable
 from gpushare.placement import Placement
 
 
@@ -145,29 +147,26 @@ class _Lookup:
         self.positions: dict[str, int] | None = None
 
 
-class FitTable:
-    def __init__(self, position: int, epochs: tuple[tuple[str, int], ...]) -> None:
-        self.position = position
-        """How far into the cache's change log this table is up to date."""
-        self.epochs = epochs
-        """(name, epoch) of each policy the results were computed under."""
-        self._entries: dict[str, _Entry] = {}
+class AnswerTable(FitTable[str, _Entry]):
+    """One request shape's entries per node, and the candidate lists last answered."""
+
+    def __init__(self, position: int, epochs: Hashable) -> None:
+        super().__init__(position, epochs)
         self._recent: list[_Lookup] = []
         """The last candidate lists answered (filter's and prioritize's), to patch
         rather than look up again when the scheduler sends the same list."""
 
-    def forget(self, name: str) -> None:
-        if self._entries.pop(name, None) is not None:
-            for lookup in self._recent:
-                lookup.stale.add(name)
-
     def answers(self, names: list[str], evaluate: Callable[[str], NodeFit]) -> Answers:
         """Every node's entry, evaluating the nodes that have none yet."""
+        if self.stale:
+            for lookup in self._recent:
+                lookup.stale |= self.stale
+            self.stale.clear()
         recent = sorted(self._recent, key=lambda lookup: lookup.names is not names)
         for lookup in recent:  # the same list object first: no need to compare names
             if (lookup.names is names or lookup.names == names) and self._refresh(lookup, evaluate):
                 return lookup.answers
-        entries = list(map(self._entries.get, names))
+        entries = list(map(self.results.get, names))
         if not all(entries):  # entries are non-empty tuples; None marks a node to evaluate
             for i, entry in enumerate(entries):
                 if entry is None:
@@ -192,7 +191,7 @@ class FitTable:
         if not changed:
             return True
         changes = [
-            (i, self._entries.get(name) or self._put(name, evaluate(name))) for i, name in changed
+            (i, self.results.get(name) or self._put(name, evaluate(name))) for i, name in changed
         ]
         lookup.answers = lookup.answers.patched(changes)
         return True
@@ -213,5 +212,5 @@ class FitTable:
                 None if resolvable else reason,
                 priority,
             )
-        self._entries[name] = entry
+        self.results[name] = entry
         return entry

@@ -119,7 +119,7 @@ def config_from(args: argparse.Namespace) -> ExtenderConfig:
         tls_key_file=args.tls_key_file,
         scheduler_name=args.scheduler_name,
         extra_scheduler_names=extra_names,
-        default_placement=validate_default(args.default_placement),
+        default_placement=validate_default(args.default_placement, POLICIES),
         max_pods_per_gpu=args.max_pods_per_gpu,
     )
 
@@ -153,10 +153,12 @@ def _report_sync(service: ExtenderService) -> None:
     # Everything listed at start lives as long as the process: keep it out of the
     # collector's full passes, which would otherwise stall requests on big clusters.
     gc.freeze()
-    cache = service.cache
-    with cache.lock:
-        nodes, pods = len(cache.nodes), len(cache.pods)
-    log.info("synced: %d nodes, %d pods with GPU requests or allocations; ready", nodes, pods)
+    counts = service.cache.counts()
+    log.info(
+        "synced: %d nodes, %d pods with GPU requests or allocations; ready",
+        counts.nodes,
+        counts.pods,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -95,15 +95,14 @@ class _GpuCollector(Collector):
             "gpushare_extender_refused_pods",
             "Pods whose last filter refused every candidate node (requeued when room appears)",
         )
-        with self._cache.lock:
-            for name, state in sorted(self._cache.state.nodes.items()):
-                for gpu in state.inventory.gpus:
-                    values = [name, str(gpu.index), gpu.uuid]
-                    used_mem, used_core, count = state.used(gpu.index)
-                    mem.add_metric(values, used_mem)
-                    mem_total.add_metric(values, gpu.mem)
-                    core.add_metric(values, used_core)
-                    pods.add_metric(values, count)
-            assumed.add_metric([], len(self._cache.assumed))
-            refused.add_metric([], len(self._cache.refused))
+        for node in self._cache.nodes_details():
+            for gpu in node.gpus:
+                values = [node.name, str(gpu.index), gpu.uuid]
+                mem.add_metric(values, gpu.allocated_mem)
+                mem_total.add_metric(values, gpu.mem)
+                core.add_metric(values, gpu.allocated_core)
+                pods.add_metric(values, gpu.pod_count)
+        counts = self._cache.counts()
+        assumed.add_metric([], counts.assumed)
+        refused.add_metric([], counts.refused)
         yield from (mem, mem_total, core, pods, assumed, refused)

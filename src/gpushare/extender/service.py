@@ -3,6 +3,7 @@ binder, the requeue worker, the worker posting events on pods naming a scheduler
 nobody serves, the metrics and the two HTTP apps, over any
 gpushare.cluster.Cluster."""
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from gpushare.extender.requeue import Requeuer
 from gpushare.extender.unserved import UnservedReporter
 from gpushare.extender.version import VERSION
 from gpushare.kubecluster.watchcache import WatchCache
+from gpushare.policies import POLICIES, PolicyFactory
 from gpushare.resources import ACK_SCHEDULER_NAME, DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
 
 API_CONNECTIONS = BINDS_AT_ONCE + 4
@@ -64,7 +66,14 @@ class ExtenderConfig:
 
 
 class ExtenderService:
-    def __init__(self, cluster: Cluster, config: ExtenderConfig) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        config: ExtenderConfig,
+        policies: Mapping[str, PolicyFactory] = POLICIES,
+    ) -> None:
+        """`policies`: the registry this extender makes its own policy objects from
+        (what they learn stays in this extender)."""
         if config.max_pods_per_gpu < 1:
             raise ValueError(
                 f"--max-pods-per-gpu must be at least 1, got {config.max_pods_per_gpu}"
@@ -72,9 +81,10 @@ class ExtenderService:
         self.config = config
         self.cluster = cluster
         self.cache = SchedulerCache(
-            validate_default(config.default_placement),
+            validate_default(config.default_placement, policies),
             config.max_pods_per_gpu,
             served_schedulers=config.scheduler_names,
+            policies=policies,
         )
         self.metrics = ExtenderMetrics(self.cache)
         self.binder = Binder(cluster, self.cache, self.metrics)

@@ -14,7 +14,6 @@ from gpushare.extender.cache import SchedulerCache
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.policychoice import pod_policy
 from gpushare.extender.wire import ExtenderArgs, PreemptionArgs, dumps, for_scheduler
-from gpushare.preemption import choose_victims
 from gpushare.request import PodRequest, parse_pod_request
 
 
@@ -30,12 +29,8 @@ def filter_nodes(cache: SchedulerCache, metrics: ExtenderMetrics, args: Extender
         return _answer_without_table(args, [], reasons)
     if request is None:
         return _answer_without_table(args, names, "{}")
-    policy = pod_policy(args.pod.metadata.annotations)
-    with cache.lock:
-        cache.observe(args.pod.metadata.uid or args.pod.key, request, policy)
-        answers = cache.answers(request, policy, names)
-        # Retried by the requeue nudge (extender.requeue) while it fits nowhere.
-        cache.filtered(args.pod.key, args.pod.metadata.uid, answers.fits_nowhere())
+    policy = pod_policy(args.pod.metadata.annotations, cache.policy_names)
+    answers = cache.filter(args.pod.key, args.pod.metadata.uid, request, policy, names)
     for rule, count in answers.rules().items():
         metrics.filter_rejections.labels(rule).inc(count)
     failed, unresolvable = answers.failed_json(), answers.unresolvable_json()
@@ -70,10 +65,8 @@ def prioritize_nodes(cache: SchedulerCache, args: ExtenderArgs) -> bytes:
     request = _request_or_none(args)
     if request is None:
         return dumps([{"Host": name, "Score": 0} for name in names])
-    policy = pod_policy(args.pod.metadata.annotations)
-    with cache.lock:
-        answers = cache.answers(request, policy, names)
-    return answers.priorities_json().encode()
+    policy = pod_policy(args.pod.metadata.annotations, cache.policy_names)
+    return cache.answers(request, policy, names).priorities_json().encode()
 
 
 def preempt_nodes(cache: SchedulerCache, args: PreemptionArgs) -> bytes:
@@ -97,55 +90,15 @@ def preempt_nodes(cache: SchedulerCache, args: PreemptionArgs) -> bytes:
         request = parse_pod_request(args.pod)
     except PodRefused:
         return dumps({"NodeNameToMetaVictims": kept})  # fits nowhere, whoever is evicted
-    policy = pod_policy(args.pod.metadata.annotations)
+    policy = pod_policy(args.pod.metadata.annotations, cache.policy_names)
     priority = args.pod.spec.priority or 0
-    with cache.lock:
-        for node, (uids, violations) in candidates.items():
-            if request is not None:
-                uids = _victims_on(cache, node, request, policy, priority, uids)
-            if uids:
-                victims = [{"UID": uid} for uid in uids]
-                kept[node] = {"Pods": victims, "NumPDBViolations": violations}
+    for node, (uids, violations) in candidates.items():
+        if request is not None:
+            uids = cache.victims(node, request, policy, priority, uids)
+        if uids:
+            victims = [{"UID": uid} for uid in uids]
+            kept[node] = {"Pods": victims, "NumPDBViolations": violations}
     return dumps({"NodeNameToMetaVictims": kept})
-
-
-def _victims_on(
-    cache: SchedulerCache,
-    node: str,
-    request: PodRequest,
-    policy: str | None,
-    priority: int,
-    offered: list[str],
-) -> list[str]:
-    """The UIDs to evict from the node for the pod; empty when nothing helps."""
-    state = cache.node_state(node)
-    if state is None:
-        return []
-    uids = {key: cache.pod_uid(key) for key in state.pods}
-    keys = {uid: key for key, uid in uids.items()}
-    eligible: dict[str, int] = {}
-    leaving = set()
-    for key in state.pods:
-        record = cache.pods.get(key)
-        if record is None:
-            continue  # assumed and not seen yet: its priority is unknown, it stays
-        if record.deleting:
-            leaving.add(key)
-        elif record.priority < priority:
-            eligible[key] = record.priority
-    eviction = choose_victims(
-        state,
-        request,
-        cache.policy_for(node, policy),
-        eligible,
-        offered=[keys[uid] for uid in offered if uid in keys],
-        leaving=leaving,
-    )
-    if eviction is None:
-        return []
-    if eviction.keeps_offered:
-        return offered
-    return [uids[key] for key in eviction.pods]
 
 
 def _request_or_none(args: ExtenderArgs) -> PodRequest | None:

@@ -11,7 +11,7 @@ spec.schedulerName).
 
 import base64
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -24,8 +24,11 @@ from gpushare.objects import Pod
 from gpushare.request import parse_pod_request, requests_gpu
 
 
-def validate(review: AdmissionReview, served: Sequence[str]) -> dict[str, Any]:
-    """`served`: every schedulerName our scheduler serves."""
+def validate(
+    review: AdmissionReview, served: Sequence[str], policies: Collection[str]
+) -> dict[str, Any]:
+    """`served`: every schedulerName our scheduler serves; `policies`: the names of
+    the placement policies the extender knows."""
     pod = _pod(review)
     if pod is None:
         return _answer(review, allowed=True)
@@ -36,7 +39,7 @@ def validate(review: AdmissionReview, served: Sequence[str]) -> dict[str, Any]:
         parse_pod_request(pod)
     except PodRefused as refused:
         refusals.extend(refused.refusals)
-    policy = check_pod_policy(pod.metadata.annotations)
+    policy = check_pod_policy(pod.metadata.annotations, policies)
     if policy is not None:
         refusals.append(policy)
     if not refusals:

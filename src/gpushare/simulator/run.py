@@ -36,9 +36,10 @@ class InfeasiblePlacement(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class PolicyChoice:
-    """A policy of POLICIES, and for workload-aware ones where the target workload
-    comes from: the trace's distribution (as the FGD paper) or learned online (as
-    in the extender). Written `NAME` or `NAME@trace` / `NAME@learned`."""
+    """A policy of the registry (gpushare.policies.POLICIES), and for workload-aware
+    ones where the target workload comes from: the trace's distribution (as the FGD
+    paper) or learned online (as in the extender). Written `NAME` or `NAME@trace` /
+    `NAME@learned`."""
 
     name: str
     learned: bool = False
@@ -54,21 +55,18 @@ class PolicyChoice:
             raise ValueError(f"unknown placement policy {name!r}; known: {', '.join(POLICIES)}")
         if source not in ("", TRACE, LEARNED):
             raise ValueError(f"{text!r}: the workload after @ must be {TRACE!r} or {LEARNED!r}")
-        if source and not isinstance(POLICIES[name], WorkloadAwarePolicy):
+        if source and not isinstance(POLICIES[name](), WorkloadAwarePolicy):
             raise ValueError(f"{text!r}: policy {name} does not use a target workload")
         return cls(name, learned=source == LEARNED)
 
     def policy(self, trace_distribution: Workload) -> PlacementPolicy:
-        """The policy object for one run. Stateless policies are the registry's own
-        objects; workload-aware ones are fresh objects of the registry's class, so
-        each run starts from the same knowledge: the trace's pod distribution (of
-        which each keeps the part it wants) or the prior it learns from."""
-        registered = POLICIES[self.name]
-        if not isinstance(registered, WorkloadAwarePolicy):
-            return registered
-        if self.learned:
-            return registered.learning()
-        return registered.with_workload(trace_distribution)
+        """A fresh policy object for one run, so each run starts from the same
+        knowledge: for workload-aware policies, the trace's pod distribution (of which
+        each keeps the part it wants) or the prior it learns from."""
+        policy = POLICIES[self.name]()
+        if not isinstance(policy, WorkloadAwarePolicy) or self.learned:
+            return policy
+        return policy.with_workload(trace_distribution)
 
 
 @dataclass(frozen=True, slots=True)

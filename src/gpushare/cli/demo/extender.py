@@ -131,4 +131,5 @@ class ExtenderStage:
             method="POST",
         )
         with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read())["response"]
+            answer: dict[str, Any] = json.loads(response.read())["response"]
+            return answer

@@ -481,7 +481,9 @@ class SchedulerCache:
     def details(self) -> ClusterDetails:
         """The whole picture, at one instant: what /inspect shows."""
         with self._lock:
-            nodes = [n for n in self.nodes_details(with_pods=True) if n.gpus or n.problem]
+            nodes = [
+                n for n in self.nodes_details(with_pods=True) if n.gpus or n.problem is not None
+            ]
             return ClusterDetails(
                 self.synced, tuple(nodes), tuple(sorted(self._assumed)), dict(self._pod_problems)
             )

@@ -30,6 +30,7 @@ import argparse
 import gc
 import multiprocessing
 import os
+import queue
 import sys
 import time
 from dataclasses import dataclass
@@ -277,7 +278,15 @@ def in_fresh_process(nodes: int, pods: int) -> dict[str, float]:
     results = context.Queue()
     child = context.Process(target=_child, args=(nodes, pods, results))
     child.start()
-    figures = results.get()
+    # Poll rather than block: a child that raised (its traceback is on stderr)
+    # never puts a result, and the bench must fail instead of hanging.
+    while True:
+        try:
+            figures: dict[str, float] = results.get(timeout=1.0)
+            break
+        except queue.Empty:
+            if not child.is_alive():
+                raise SystemExit(f"the extender figures' process died (exit {child.exitcode})") from None
     child.join()
     return figures
 

@@ -286,7 +286,8 @@ def in_fresh_process(nodes: int, pods: int) -> dict[str, float]:
             break
         except queue.Empty:
             if not child.is_alive():
-                raise SystemExit(f"the extender figures' process died (exit {child.exitcode})") from None
+                died = f"the extender figures' process died (exit {child.exitcode})"
+                raise SystemExit(died) from None
     child.join()
     return figures
 

@@ -51,16 +51,14 @@ def test_stale_socket_file_is_replaced_and_other_files_are_left_alone(make_rig):
     assert (rig.kubelet.plugin_dir / "DEPRECATION").exists()
 
 
-def test_kubelet_restart_is_followed_by_re_registration_within_a_second(make_rig):
+def test_kubelet_restart_is_followed_by_re_registration_on_the_new_socket(make_rig):
+    """How fast is bench/deviceplugin_bench.py's figure; here: that it happens."""
     rig = make_rig().start()
     before = len(rig.kubelet.registrations)
 
-    restarted = time.monotonic()
     rig.kubelet.restart()
-    assert rig.kubelet.wait_for(lambda: len(rig.kubelet.registrations) >= before + 2, 1.0)
-    took = time.monotonic() - restarted
+    assert rig.kubelet.wait_for(lambda: len(rig.kubelet.registrations) >= before + 2, WAIT)
 
-    assert took < 1.0
     again = {r.resource for r in rig.kubelet.registrations[before:]}
     assert again == {GPU_MEM, GPU_COUNT}
     # Fresh servers on fresh sockets: the kubelet has the device lists again.

@@ -1,7 +1,6 @@
 """The isolation stage of `gpushare demo`."""
 
 import re
-import time
 
 from gpushare.cli.demo.isolation import run_stage
 from gpushare.cli.main import main
@@ -13,9 +12,7 @@ def row(report: str, pod: str) -> list[str]:
 
 
 def test_the_stage_shows_shares_a_write_refused_and_a_cap_violation_handled():
-    started = time.monotonic()
     report = run_stage()
-    assert time.monotonic() - started < 10
     assert "control tree: GPU 0: policy 2 (weight-preemptive)" in report
     assert "refused write '9' to 1/policy" in report
     violation = r"memory cap exceeded: container \w+ of pod default/leaky .* killed pid"

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -196,8 +195,10 @@ def test_without_per_process_samples_utilisation_is_unknown(driver, spawn, tmp_p
     assert (process.pid, process.mem_bytes, process.sm_percent) == (a.pid, GIB, None)
 
 
-def test_a_process_over_its_cap_is_killed_within_a_slice_or_two(driver, spawn, tmp_path, caplog):
-    """Observed in the next slice, killed in it; the bound leaves room for a loaded machine."""
+def test_a_process_over_its_cap_is_killed_and_its_neighbour_at_its_cap_is_not(
+    driver, spawn, tmp_path, caplog
+):
+    """Observed in the next slice and killed; how soon is bench/isolation_bench.py's figure."""
     leaky, neighbour = spawn("ml/leaky", cap_gib=1), spawn("ml/neighbour", cap_gib=2)
     driver.world.gpus[0].processes = [
         FakeProcess(leaky.pid, GIB // 2, sm_percent=20),
@@ -208,10 +209,8 @@ def test_a_process_over_its_cap_is_killed_within_a_slice_or_two(driver, spawn, t
         assert eventually(lambda: (tmp_path / "cgpu" / "inst_ctl").exists())
         driver.world.gpus[0].processes[0].used_bytes = 3 * GIB
         driver.write()
-        allocated = time.monotonic()
 
-        assert leaky.wait(timeout=WAIT) == -signal.SIGKILL
-        assert time.monotonic() - allocated < 10 * SLICE
+        assert leaky.wait(timeout=WAIT) == -signal.SIGKILL  # how soon: bench/isolation_bench.py
 
     assert neighbour.poll() is None
     assert f"of pod ml/leaky holds 3.00 GiB on GPU 0, cap 1.00 GiB; killed pid {leaky.pid}" in (

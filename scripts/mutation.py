@@ -1,0 +1,207 @@
+"""Mutation testing of the scope in pyproject.toml ([tool.mutmut] only_mutate), with mutmut.
+
+    scripts/mutation                      every module of the scope
+    scripts/mutation src/gpushare/request.py ...   those modules (must be in the scope)
+    scripts/mutation --changed-since REF  the modules of the scope changed since REF
+    --check     exit 1 when a module is under the bar (BAR percent killed) and under
+                its recorded score: a module may not slide back, one under the bar
+                may not get worse (the CI step: ./scripts/test, --changed-since HEAD~1)
+    --record    write the scores of this run into docs/mutation-scores.json
+
+Prints per module: mutants, killed, survived, timed out, no tests, the score
+(killed + timed out over all mutants), then each survivor with its diff. mutmut
+works in ./mutants (a copy of src/ and tests/; the checkout is never changed) and
+keeps its results there, so a second run retests only what changed.
+
+A mutant a test can never kill (an equivalent mutant) is marked in the source
+with `# pragma: no mutate` and a reason on the same line; mutmut does not make it.
+"""
+
+import argparse
+import fnmatch
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BAR = 85.0
+"""Percent of mutants killed that every module of the scope must reach."""
+RECORD = ROOT / "docs" / "mutation-scores.json"
+"""The last full run's score per module: what --check holds a module under the bar to."""
+
+_KILLED = {"killed", "timeout", "caught by type check", "segfault"}
+_RESULT = re.compile(r"^\s+(?P<name>\S+): (?P<status>.+)$")
+
+
+@dataclass
+class ModuleScore:
+    module: str
+    statuses: Counter[str] = field(default_factory=Counter)
+    survivors: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.statuses.values())
+
+    @property
+    def killed(self) -> int:
+        return sum(n for status, n in self.statuses.items() if status in _KILLED)
+
+    @property
+    def score(self) -> float:
+        return 100.0 * self.killed / self.total if self.total else 100.0
+
+
+def scope() -> list[str]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    return list(config["only_mutate"])
+
+
+def in_scope(path: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatch(path, pattern) for pattern in patterns)
+
+
+def module_of(path: str) -> str:
+    """src/gpushare/extender/binder.py -> gpushare.extender.binder"""
+    return path.removeprefix("src/").removesuffix(".py").replace("/", ".")
+
+
+def changed_since(ref: str) -> list[str]:
+    known = subprocess.run(
+        ["git", "rev-parse", "--quiet", "--verify", f"{ref}^{{commit}}"],
+        cwd=ROOT, capture_output=True, check=False,
+    )  # fmt: skip
+    if known.returncode != 0:
+        print(f"mutation: {ref} is not a commit of this clone (shallow?): nothing to compare with")
+        return []
+    diff = subprocess.run(
+        ["git", "diff", "--name-only", ref, "--", "src/"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return [p for p in diff.stdout.split() if p.endswith(".py") and (ROOT / p).exists()]
+
+
+def targets(args: argparse.Namespace) -> list[str]:
+    patterns = scope()
+    if args.changed_since:
+        return [p for p in changed_since(args.changed_since) if in_scope(p, patterns)]
+    if args.paths:
+        paths = [str(Path(p).resolve().relative_to(ROOT)) for p in args.paths]
+        outside = [p for p in paths if not in_scope(p, patterns)]
+        if outside:
+            sys.exit(
+                f"not in the mutation scope ([tool.mutmut] only_mutate in pyproject.toml): "
+                f"{', '.join(outside)}"
+            )
+        return paths
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src").rglob("*.py")
+                  if in_scope(str(p.relative_to(ROOT)), patterns))  # fmt: skip
+
+
+def mutmut(*args: str, quiet: bool = False) -> str:
+    run = subprocess.run(
+        [sys.executable, "-m", "mutmut", *args],
+        cwd=ROOT,
+        capture_output=quiet,
+        text=True,
+        check=False,
+    )
+    if run.returncode != 0:
+        sys.exit(f"mutmut {' '.join(args)} failed (exit {run.returncode})\n{run.stderr or ''}")
+    return run.stdout or ""
+
+
+def scores(modules: list[str]) -> list[ModuleScore]:
+    by_module = {m: ModuleScore(m) for m in modules}
+    for line in mutmut("results", "--all", "true", quiet=True).splitlines():
+        match = _RESULT.match(line)
+        if match is None:
+            continue
+        name, status = match["name"], match["status"]
+        # gpushare.request.x_parse__mutmut_3, gpushare.request.xǁClassǁmethod__mutmut_1
+        module = name.rsplit(".", 1)[0]
+        if module in by_module:
+            by_module[module].statuses[status] += 1
+            if status not in _KILLED:
+                by_module[module].survivors.append(f"{name} ({status})")
+    return list(by_module.values())
+
+
+def report(results: list[ModuleScore], show_diffs: bool) -> None:
+    width = max(len(r.module) for r in results)
+    print(f"\n{'module':<{width}}  mutants  killed  survived  timeout  no-tests   score")
+    for r in results:
+        s = r.statuses
+        print(
+            f"{r.module:<{width}}  {r.total:>7}  {s['killed'] + s['caught by type check']:>6}  "
+            f"{s['survived']:>8}  {s['timeout']:>7}  {s['no tests']:>8}  {r.score:>5.1f}%"
+        )
+    total = sum(r.total for r in results)
+    killed = sum(r.killed for r in results)
+    print(f"{'all':<{width}}  {total:>7}  {killed:>6}  {'':>8}  {'':>7}  {'':>8}  "
+          f"{100.0 * killed / total if total else 100.0:>5.1f}%")  # fmt: skip
+    for r in results:
+        for survivor in r.survivors:
+            print(f"\nsurvived: {survivor}")
+            if show_diffs:
+                print(mutmut("show", survivor.split(" ", 1)[0], quiet=True).rstrip())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("paths", nargs="*", help="modules of the scope (default: all of it)")
+    parser.add_argument("--changed-since", metavar="REF", help="only modules changed since REF")
+    parser.add_argument(
+        "--check", action="store_true", help=f"exit 1 under {BAR:.0f}%% and under the record"
+    )
+    parser.add_argument("--record", action="store_true", help=f"write the scores to {RECORD.name}")
+    parser.add_argument("--no-diffs", action="store_true", help="list survivors without diffs")
+    parser.add_argument("--max-children", type=int, default=2, help="parallel mutants (2)")
+    args = parser.parse_args()
+
+    paths = targets(args)
+    if not paths:
+        print("mutation: no module of the scope to test")
+        return 0
+    modules = [module_of(p) for p in paths]
+    print(f"mutation: {len(modules)} module(s): {', '.join(modules)}", flush=True)
+    mutmut("run", "--max-children", str(args.max_children), *(f"{m}.*" for m in modules))
+    results = scores(modules)
+    report(results, show_diffs=not args.no_diffs)
+    recorded = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+    if args.record:
+        for r in results:
+            recorded[r.module] = {
+                "mutants": r.total,
+                "killed": r.killed,
+                "score": round(r.score, 1),
+            }
+        RECORD.write_text(json.dumps(dict(sorted(recorded.items())), indent=2) + "\n")
+        print(f"\nrecorded in {RECORD.relative_to(ROOT)}")
+    slid = [r for r in results if r.score < BAR and r.score < _recorded(recorded, r.module)]
+    under = [r for r in results if r.score < BAR and r not in slid]
+    if under:
+        print(f"\nunder the bar ({BAR:.0f}% killed), not below their record: "
+              f"{', '.join(f'{r.module} {r.score:.1f}%' for r in under)}")  # fmt: skip
+    if slid:
+        print(f"\nFAILED: under the bar ({BAR:.0f}% killed) and below the recorded score: "
+              + ", ".join(f"{r.module} {r.score:.1f}% (recorded "
+                          f"{_recorded(recorded, r.module):.1f}%)" for r in slid))  # fmt: skip
+        return 1 if args.check else 0
+    return 0
+
+
+def _recorded(recorded: dict[str, dict[str, float]], module: str) -> float:
+    """A module never measured is held to the bar itself."""
+    return float(recorded.get(module, {}).get("score", BAR))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""scripts/mutation: the scope covers the whole core, scores count what the tool
+reports, and the CI check holds a module to the bar or to its record."""
+
+import importlib.util
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("mutation", ROOT / "scripts" / "mutation.py")
+assert _spec is not None and _spec.loader is not None
+mutation = importlib.util.module_from_spec(_spec)
+sys.modules["mutation"] = mutation
+_spec.loader.exec_module(mutation)
+
+SCOPE = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]["only_mutate"]
+
+
+def test_every_module_of_the_core_is_in_the_mutation_scope():
+    core = {
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "src" / "gpushare").glob("*.py")
+        if p.name != "__init__.py"
+    }
+    assert core - set(SCOPE) == set()
+
+
+def test_every_path_of_the_scope_exists():
+    assert [p for p in SCOPE if not (ROOT / p).is_file()] == []
+
+
+def test_a_score_counts_timeouts_and_type_check_catches_as_killed():
+    score = mutation.ModuleScore(
+        "gpushare.request",
+        Counter(
+            {"killed": 6, "timeout": 1, "caught by type check": 1, "survived": 1, "no tests": 1}
+        ),
+    )
+    assert (score.total, score.killed, score.score) == (10, 8, 80.0)
+
+
+def test_a_module_under_the_bar_may_not_fall_below_its_record():
+    recorded = {"gpushare.request": {"score": 70.0}}
+    assert mutation._recorded(recorded, "gpushare.request") == 70.0
+    # never measured: held to the bar itself
+    assert mutation._recorded(recorded, "gpushare.placement") == mutation.BAR
+
+
+def test_results_are_grouped_by_module_with_survivors_named(monkeypatch):
+    listing = (
+        "    gpushare.request.x_parse__mutmut_1: killed\n"
+        "    gpushare.request.xǁPodRequestǁdescribe__mutmut_2: survived\n"
+        "    gpushare.requestx.x_other__mutmut_1: survived\n"
+        "    gpushare.annotation.x_encode__mutmut_1: no tests\n"
+    )
+    monkeypatch.setattr(mutation, "mutmut", lambda *args, quiet=False: listing)
+    request, annotation = mutation.scores(["gpushare.request", "gpushare.annotation"])
+    assert request.statuses == Counter({"killed": 1, "survived": 1})
+    assert request.survivors == ["gpushare.request.xǁPodRequestǁdescribe__mutmut_2 (survived)"]
+    assert annotation.survivors == ["gpushare.annotation.x_encode__mutmut_1 (no tests)"]
+
+
+def test_a_module_outside_the_scope_is_refused_by_name():
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "mutation.py"), "src/gpushare/cli/main.py"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode != 0
+    assert "not in the mutation scope" in run.stderr and "src/gpushare/cli/main.py" in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("changed", "expected"),
+    [
+        (["src/gpushare/request.py", "src/gpushare/cli/main.py"], ["src/gpushare/request.py"]),
+        (["docs/testing.md"], []),
+    ],
+)
+def test_changed_since_keeps_the_changed_modules_of_the_scope(monkeypatch, changed, expected):
+    monkeypatch.setattr(
+        mutation, "changed_since", lambda ref: [p for p in changed if p.endswith(".py")]
+    )
+    args = mutation.argparse.Namespace(changed_since="HEAD~1", paths=[])
+    assert mutation.targets(args) == expected

@@ -1,6 +1,7 @@
 """`pip install` adds one top-level package, `gpushare`, holding every module of src/;
 the import contracts cover the whole core."""
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -19,10 +20,18 @@ COMPONENTS = (
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    """Built from a copy of what the build reads: setuptools leaves build/ beside the
+    sources, and a stale build/lib would slip old modules into later wheels."""
+    source = tmp_path_factory.mktemp("source")
+    for tree in ("src", "examples", "data"):
+        shutil.copytree(ROOT / tree, source / tree, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))  # fmt: skip
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--wheel-dir", str(out), str(ROOT)],
+         "--wheel-dir", str(out), str(source)],
         check=True,
         capture_output=True,
         timeout=300,

@@ -265,3 +265,54 @@ def test_the_webhook_writes_the_main_name_and_accepts_every_configured_one():
         'schedulerName "gpushare-scheduler" is not gpushare\'s (gpu-main, ack-co-scheduler, '
         "team.gpu); Pending unless such a scheduler runs"
     ]
+
+
+def _refusal(client: httpx.Client, body: dict) -> dict:
+    answer = client.post("/validate", json=body).json()["response"]
+    assert answer["allowed"] is False, answer
+    return answer["status"]
+
+
+def test_a_refusal_is_a_403_forbidden_status_as_kubectl_shows_it(webhook):
+    client, _ = webhook
+    status = _refusal(client, review(pod_json(pod("core-33", mem=2, core=33))))
+    assert (status["code"], status["reason"]) == (403, "Forbidden")
+
+
+def test_an_object_of_another_kind_is_never_judged_as_a_pod(webhook):
+    """A Deployment's body could parse as a pod that breaks a rule; it is not ours."""
+    client, _ = webhook
+    looks_like_a_bad_pod = pod_json(pod("d", mem=2, core=33))
+    answer = client.post("/validate", json=review(looks_like_a_bad_pod, kind="Deployment"))
+    assert answer.json()["response"]["allowed"] is True
+
+
+def test_a_review_whose_kind_names_no_kind_is_judged_as_the_pod_it_carries(webhook):
+    client, _ = webhook
+    body = review(pod_json(pod("core-33", mem=2, core=33)))
+    body["request"]["kind"] = {"group": "", "version": "v1"}
+    assert "[core-multiple-of-5]" in _refusal(client, body)["message"]
+
+
+def test_a_review_without_an_operation_is_mutated_as_a_create(webhook):
+    client, _ = webhook
+    answer = client.post("/mutate", json=review(pod_json(pod("p", mem=2)), operation="")).json()
+    assert answer["response"]["patchType"] == "JSONPatch"
+
+
+def test_the_refused_pod_is_named_by_its_own_namespace_when_the_request_has_none(webhook):
+    client, _ = webhook
+    bad = pod_json(pod("core-33", mem=2, core=33))
+    bad["metadata"]["namespace"] = "team-a"
+    body = review(bad)
+    body["request"]["namespace"] = ""
+    assert "refused pod team-a/core-33:" in _refusal(client, body)["message"]
+    del bad["metadata"]["namespace"]
+    assert "refused pod default/core-33:" in _refusal(client, body)["message"]
+
+
+def test_a_pod_with_neither_name_nor_generate_name_is_named_generated(webhook):
+    client, _ = webhook
+    bad = pod_json(pod("x", mem=2, core=33))
+    bad["metadata"] = {}
+    assert "refused pod default/<generated>:" in _refusal(client, review(bad))["message"]

@@ -43,11 +43,22 @@ def test_a_score_counts_timeouts_and_type_check_catches_as_killed():
     assert (score.total, score.killed, score.score) == (10, 8, 80.0)
 
 
-def test_a_module_under_the_bar_may_not_fall_below_its_record():
-    recorded = {"gpushare.request": {"score": 70.0}}
-    assert mutation._recorded(recorded, "gpushare.request") == 70.0
-    # never measured: held to the bar itself
-    assert mutation._recorded(recorded, "gpushare.placement") == mutation.BAR
+@pytest.mark.parametrize(
+    ("score", "record", "expected"),
+    [
+        (85.0, None, "ok"),
+        (90.0, 95.0, "ok"),  # over the bar: the record does not matter
+        (80.0, 82.0, "FAILED"),  # under the bar and slid below its record
+        (82.0, 82.0, "under the bar"),  # under the bar, held where it was
+        (60.0, None, "under the bar (85%), no record yet"),
+    ],
+)
+def test_a_module_is_held_to_the_bar_or_its_record(score, record, expected):
+    result = mutation.ModuleScore(
+        "gpushare.request", Counter(killed=int(score), survived=100 - int(score))
+    )
+    recorded = {} if record is None else {"gpushare.request": {"score": record}}
+    assert mutation.verdict(result, recorded).startswith(expected)
 
 
 def test_results_are_grouped_by_module_with_survivors_named(monkeypatch):

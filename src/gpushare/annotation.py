@@ -165,7 +165,7 @@ def _ack_containers(pod: Pod, annotations: Mapping[str, str]) -> dict[int, dict[
 
 
 def _int_limit(limits: Mapping[str, str], resource: str) -> int:
-    value = limits.get(resource, "0")
+    value = limits.get(resource, "0")  # pragma: no mutate: any non-digit default reads as 0
     return int(value) if value.strip().isdigit() else 0
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from gpushare.errors import PodRefused, Rule
-from gpushare.request import ContainerRole, JobType, parse_pod_request
+from gpushare.request import ContainerRole, JobType, parse_pod_request, requests_gpu
 from tests.builders import container, pod
 
 
@@ -150,3 +150,168 @@ def test_equal_requests_have_equal_shapes():
     b = parse_pod_request(pod("b", mem=2, core=10))
     assert a is not None and b is not None
     assert a.shape == b.shape
+
+
+def refusal_text(p) -> str:
+    with pytest.raises(PodRefused) as refused:
+        parse_pod_request(p)
+    return str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "resource", ["aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage", "aliyun.com/gpu-count"]
+)
+@pytest.mark.parametrize("value", ["2Gi", "1.5", "500m", "1e2", "", " ", "0x10", "2 GiB"])
+def test_a_quantity_that_is_not_a_whole_number_is_refused_by_name_never_a_crash(resource, value):
+    p = pod(containers=[{"name": "c", "resources": {"limits": {resource: value}}}])
+    text = refusal_text(p)
+    assert f"container 'c': {resource} must be a whole number, got {value!r}" in text
+    assert "[not-an-integer]" in text
+
+
+@pytest.mark.parametrize("value", ["2Gi", "2.0", "abc", "-2"])
+def test_a_request_that_is_not_a_whole_number_is_refused_as_unequal_to_its_limit(value):
+    p = pod(containers=[container("c", mem=2, requests={"aliyun.com/gpu-mem": value})])
+    text = refusal_text(p)
+    assert f"container 'c': aliyun.com/gpu-mem request {value!r} must equal its limit '2'" in text
+    assert "[request-not-equal-limit]" in text
+
+
+def test_a_request_alone_is_refused_whatever_its_value():
+    p = pod(containers=[container("c", requests={"aliyun.com/gpu-core.percentage": "2Gi"})])
+    text = refusal_text(p)
+    assert "container 'c': aliyun.com/gpu-core.percentage is set in requests only" in text
+    assert "set it in limits" in text and "[request-without-limit]" in text
+
+
+def test_a_whole_number_may_carry_a_sign_and_spaces():
+    request = parse_pod_request(
+        pod(containers=[container("c", mem="+4", requests={"aliyun.com/gpu-mem": " 4 "})])
+    )
+    assert request is not None
+    assert request.containers[0].mem == 4
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            {"mem": 2, "core": 105},
+            "container 'main': aliyun.com/gpu-core.percentage must be between 5 and 100 "
+            "(it is a share of one GPU), got 105 [core-range]",
+        ),
+        (
+            {"core": 30},
+            "container 'main': aliyun.com/gpu-core.percentage needs aliyun.com/gpu-mem in the "
+            "same container [core-needs-gpu-mem]",
+        ),
+        (
+            {"mem": 8, "core": 50, "labels": {"aliyun.com/gpu-count": "2"}},
+            "container 'main': aliyun.com/gpu-core.percentage cannot be combined with the pod "
+            "label aliyun.com/gpu-count=2; split memory only, or drop the label "
+            "[core-with-multi-gpu]",
+        ),
+        (
+            {"mem": 8, "labels": {"aliyun.com/gpu-count": "1.5"}},
+            "pod label aliyun.com/gpu-count must be a whole number of GPUs (1 or more), "
+            "got '1.5' [multi-gpu-label]",
+        ),
+        (
+            {"mem": 7, "labels": {"aliyun.com/gpu-count": "2"}},
+            "container 'main': aliyun.com/gpu-mem=7 cannot be split evenly over "
+            "aliyun.com/gpu-count=2 GPUs; use a multiple of 2 [multi-gpu-split]",
+        ),
+        (
+            {"mem": 2, "count": 1},
+            "container 'main': aliyun.com/gpu-count asks for whole GPUs and cannot be combined "
+            "with aliyun.com/gpu-mem or aliyun.com/gpu-core.percentage; use one or the other "
+            "[exclusive-with-shared]",
+        ),
+        (
+            {"core": 50, "count": 1},
+            "container 'main': aliyun.com/gpu-count asks for whole GPUs and cannot be combined "
+            "with aliyun.com/gpu-mem or aliyun.com/gpu-core.percentage; use one or the other "
+            "[exclusive-with-shared]",
+        ),
+    ],
+)
+def test_each_refusal_says_what_is_wrong_and_names_its_rule(spec, message):
+    assert message in refusal_text(pod(**spec))
+
+
+def test_mixed_compute_names_the_containers_on_each_side():
+    p = pod(
+        containers=[
+            container("a", mem=2, core=20),
+            container("b", mem=2),
+            container("c", mem=2, core=20),
+            container("d", mem=2),
+        ]
+    )
+    assert refusal_text(p) == (
+        "containers a, c set aliyun.com/gpu-core.percentage but b, d do not; set it on every "
+        "container that asks for aliyun.com/gpu-mem, or on none [mixed-job-types]"
+    )
+
+
+@pytest.mark.parametrize("core", [1, 4])
+def test_core_below_5_is_out_of_range_as_well_as_off_step(core):
+    assert refused_rules(pod(mem=2, core=core)) == {Rule.CORE_STEP, Rule.CORE_RANGE}
+
+
+def test_whole_gpus_mix_with_no_compute_rule():
+    p = pod(containers=[container("a", count=1), container("b", mem=2, core=20)])
+    request = parse_pod_request(p)
+    assert request is not None
+    assert request.job_type is JobType.MEMORY_CORE
+
+
+def test_the_label_splits_every_container_and_counts_whole_gpus_apart():
+    request = parse_pod_request(
+        pod(
+            containers=[container("a", mem=4), container("b", count=3)],
+            labels={"aliyun.com/gpu-count": " 2 "},
+        )
+    )
+    assert request is not None
+    assert [(c.name, c.gpus, c.mem, c.exclusive) for c in request.containers] == [
+        ("a", 2, 2, False),
+        ("b", 3, 0, True),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("containers", "init_containers", "asks"),
+    [
+        ([{"name": "web"}], [], False),
+        ([container("c", requests={"nvidia.com/gpu": "1"})], [], False),
+        ([container("c", mem=0)], [], True),
+        ([container("c", requests={"aliyun.com/gpu-mem": "2"})], [], True),
+        ([{"name": "web"}], [container("init", count=1)], True),
+        ([container("c", core="2Gi")], [], True),
+    ],
+)
+def test_a_pod_asks_for_gpus_when_any_container_names_one_of_our_resources(
+    containers, init_containers, asks
+):
+    assert requests_gpu(pod(containers=containers, init_containers=init_containers)) is asks
+
+
+@pytest.mark.parametrize(
+    ("spec", "described"),
+    [
+        ({"mem": 2}, "main: 2 GiB on one GPU"),
+        ({"mem": 2, "core": 30}, "main: 2 GiB + 30 percent compute on one GPU"),
+        ({"mem": 8, "labels": {"aliyun.com/gpu-count": "2"}}, "main: 4 GiB on each of 2 GPUs"),
+        ({"count": 1}, "main: 1 whole GPU"),
+        ({"count": 2}, "main: 2 whole GPUs"),
+        (
+            {"containers": [container("a", mem=1), container("b", mem=3)]},
+            "a: 1 GiB on one GPU, b: 3 GiB on one GPU",
+        ),
+    ],
+)
+def test_a_request_describes_itself_for_events_without_a_percent_sign(spec, described):
+    request = parse_pod_request(pod(**spec))
+    assert request is not None
+    assert request.describe() == described

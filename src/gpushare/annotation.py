@@ -155,7 +155,10 @@ def _ack_containers(pod: Pod, annotations: Mapping[str, str]) -> dict[int, dict[
         raw = json.loads(v2)
         return {int(c): {int(g): int(m) for g, m in gpus.items()} for c, gpus in raw.items()}
     # ACK's first version: one GPU index for the whole pod, memory per container limits.
-    gpu = int(annotations[ACK_MEM_IDX].split(",")[0])
+    index_key = annotations.get(ACK_MEM_IDX)
+    if index_key is None:
+        raise ValueError(f"{ACK_V2_ALLOCATION} is empty and there is no {ACK_MEM_IDX}")
+    gpu = int(index_key.split(",")[0])
     result = {}
     for index, container in enumerate(pod.spec.containers):
         mem = _int_limit(container.resources.limits, GPU_MEM)

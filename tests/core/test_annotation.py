@@ -304,6 +304,15 @@ def test_malformed_ack_keys_are_an_error_naming_the_pod(keys):
         annotation.decode(ack_pod(keys))
 
 
+def test_an_empty_ack_v2_key_without_a_gpu_index_is_an_error_not_a_crash():
+    with pytest.raises(
+        AnnotationError,
+        match=r"malformed: scheduler.framework.gpushare.allocation is empty and there is no "
+        r"ALIYUN_COM_GPU_MEM_IDX",
+    ):
+        annotation.decode(ack_pod({"scheduler.framework.gpushare.allocation": ""}))
+
+
 def test_an_ack_container_index_the_pod_does_not_have_still_holds_its_memory():
     decoded = annotation.decode(
         ack_pod(

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpushare.labels import NodeMode
+from gpushare.labels import NodeMode, PlacementMode
 from gpushare.request import ContainerRole
 from gpushare.simulator.trace import PodClass, TraceError, load
 from tests.simulator.traces import NODES_CSV, PODS_CSV, tiny, write
@@ -90,3 +90,111 @@ def test_a_file_that_is_not_utf8_text_is_a_trace_error(tmp_path):
     pods.write_bytes(b"\xff\xfe\x00\x01binary")
     with pytest.raises(TraceError, match=r"pods\.csv: not a CSV file in UTF-8"):
         load(nodes, pods)
+
+
+@pytest.mark.parametrize(
+    ("node", "pod", "where", "column"),
+    [
+        (("n1", "x", 1, 1, "T4"), ("p", 1, 1, 1, 10, ""), "nodes.csv:2", "cpu_milli"),
+        (("n1", 1, "x", 1, "T4"), ("p", 1, 1, 1, 10, ""), "nodes.csv:2", "memory_mib"),
+        (("n1", 1, 1, "x", "T4"), ("p", 1, 1, 1, 10, ""), "nodes.csv:2", "gpu"),
+        (("n1", 1, 1, 1, "T4"), ("p", 1, 1, "x", 10, ""), "pods.csv:2", "num_gpu"),
+        (("n1", 1, 1, 1, "T4"), ("p", 1, 1, 1, "x", ""), "pods.csv:2", "gpu_milli"),
+        (("n1", 1, 1, 1, "T4"), ("p", 1, "x", 1, 10, ""), "pods.csv:2", "memory_mib"),
+    ],
+)
+def test_every_number_column_names_its_file_line_and_column(tmp_path, node, pod, where, column):
+    nodes, pods = write(tmp_path, [node], [pod])
+    with pytest.raises(TraceError) as refused:
+        load(nodes, pods)
+    assert str(refused.value) == (
+        f"{tmp_path}/{where}: column {column} must be a whole number, got 'x'"
+    )
+
+
+def test_an_empty_number_field_is_named_as_empty(tmp_path):
+    nodes, pods = write(tmp_path, [("n1", "", 1, 1, "T4")], [("p", 1, 1, 1, 10, "")])
+    with pytest.raises(TraceError, match=r"column cpu_milli must be a whole number, got ''$"):
+        load(nodes, pods)
+
+
+@pytest.mark.parametrize(
+    ("node", "pod", "message"),
+    [
+        (("n1", -1, 1, 1, "T4"), ("p", 1, 1, 1, 10, ""), "nodes.csv:2: column cpu_milli"),
+        (("n1", 1, 1, 1, "T4"), ("p", 1, 1, -2, 10, ""), "pods.csv:2: column num_gpu"),
+    ],
+)
+def test_a_negative_number_is_refused_with_its_place(tmp_path, node, pod, message):
+    nodes, pods = write(tmp_path, [node], [pod])
+    with pytest.raises(TraceError) as refused:
+        load(nodes, pods)
+    assert str(refused.value).startswith(f"{tmp_path}/{message} must not be negative, got -")
+
+
+def test_files_without_nodes_or_without_pods_are_refused_by_name(tmp_path):
+    nodes, pods = write(tmp_path, [], [("p", 1, 1, 1, 10, "")])
+    with pytest.raises(TraceError) as refused:
+        load(nodes, pods)
+    assert str(refused.value) == f"{nodes}: no nodes"
+    nodes, pods = write(tmp_path, [("n1", 1, 1, 1, "T4")], [])
+    with pytest.raises(TraceError) as refused:
+        load(nodes, pods)
+    assert str(refused.value) == f"{pods}: no pods"
+
+
+def test_a_missing_column_message_lists_what_is_missing_and_what_the_format_needs(tmp_path):
+    nodes, pods = write(tmp_path, [("n1", 1, 1, 1, "T4")], [("p", 1, 1, 1, 10, "")])
+    nodes.write_text("sn,cpu_milli,model\nn1,1,T4\n")
+    with pytest.raises(TraceError) as refused:
+        load(nodes, pods)
+    assert str(refused.value) == (
+        f"{nodes}: missing column(s) memory_mib, gpu; "
+        "the openb format needs sn, cpu_milli, memory_mib, gpu, model"
+    )
+
+
+@pytest.mark.parametrize(("milli", "fits"), [(0, False), (1, True), (1000, True), (1001, False)])
+def test_a_gpu_pods_share_must_be_between_1_and_1000_milli(tmp_path, milli, fits):
+    nodes, pods = write(tmp_path, [("n1", 1, 1, 1, "T4")], [("p", 1, 1, 1, milli, "")])
+    if fits:
+        assert load(nodes, pods).pods[0].gpu_milli == milli
+    else:
+        with pytest.raises(
+            TraceError, match=rf"pods.csv:2: gpu_milli must be in 1\.\.1000 .*got {milli}"
+        ):
+            load(nodes, pods)
+
+
+def test_a_cpu_only_pod_asks_for_no_gpu_whatever_its_gpu_milli_says(tmp_path):
+    trace = tiny(tmp_path, [("n1", 1, 1, 1, "T4")], [("cpu", 1, 1, 0, 500, "")])
+    assert (trace.pods[0].gpu_milli, trace.pods[0].gpu_total) == (0, 0)
+
+
+def test_a_whole_gpu_pod_is_one_exclusive_app_container_named_main(tmp_path):
+    trace = tiny(
+        tmp_path, [("n1", 1, 1, 8, "G2")], [("w", 1, 1, 2, 1000, ""), ("s", 1, 1, 1, 300, "")]
+    )
+    whole, share = (
+        p.request().containers[0] for p in sorted(trace.pods, key=lambda p: p.name != "w")
+    )
+    assert (whole.name, whole.index, whole.gpus, whole.mem, whole.exclusive) == (
+        "main",
+        0,
+        2,
+        0,
+        True,
+    )
+    assert (share.name, share.index) == ("main", 0)
+
+
+def test_a_nodes_gpus_are_anonymous_binpacked_and_keep_an_empty_model(tmp_path):
+    trace = tiny(tmp_path, [("n1", 1, 1, 2, "")], [("p", 1, 1, 1, 10, "")])
+    inventory = trace.nodes[0].inventory()
+    assert inventory.placement is PlacementMode.BINPACK
+    assert [(g.index, g.uuid, g.model) for g in inventory.gpus] == [(0, "", ""), (1, "", "")]
+
+
+def test_a_trace_says_which_files_it_came_from(tmp_path):
+    trace = tiny(tmp_path, [("n1", 1, 1, 1, "T4")], [("p", 1, 1, 1, 10, "")])
+    assert trace.source == "nodes.csv + pods.csv"

@@ -170,6 +170,9 @@ def main() -> int:
     )
     parser.add_argument("--record", action="store_true", help=f"write the scores to {RECORD.name}")
     parser.add_argument("--no-diffs", action="store_true", help="list survivors without diffs")
+    parser.add_argument(
+        "--no-run", action="store_true", help="report the results kept in mutants/, run nothing"
+    )
     parser.add_argument("--max-children", type=int, default=2, help="parallel mutants (2)")
     args = parser.parse_args()
 
@@ -179,7 +182,8 @@ def main() -> int:
         return 0
     modules = [module_of(p) for p in paths]
     print(f"mutation: {len(modules)} module(s): {', '.join(modules)}", flush=True)
-    mutmut("run", "--max-children", str(args.max_children), *(f"{m}.*" for m in modules))
+    if not args.no_run:
+        mutmut("run", "--max-children", str(args.max_children), *(f"{m}.*" for m in modules))
     results = scores(modules)
     report(results, show_diffs=not args.no_diffs)
     recorded = json.loads(RECORD.read_text()) if RECORD.exists() else {}

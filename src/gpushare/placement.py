@@ -6,7 +6,7 @@ every policy agrees on what fits and differs only in what it prefers.
 """
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import combinations
@@ -433,27 +433,3 @@ def to_allocation(
         cpu_milli=request.cpu_milli,
         memory_mib=request.memory_mib,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class NodeChoice:
-    node: str
-    placement: Placement
-
-
-def choose_node(
-    views: Iterable[NodeView],
-    request: PodRequest,
-    policy_of: Callable[[NodeView], PlacementPolicy],
-) -> NodeChoice | dict[str, Refusal]:
-    """The best-scoring node, ties going to the one that comes first in `views`;
-    or every node's reason when none fits (what a scheduler does end to end)."""
-    best: NodeChoice | None = None
-    refusals: dict[str, Refusal] = {}
-    for view in views:
-        result = evaluate(view, request, policy_of(view))
-        if isinstance(result, Refusal):
-            refusals[view.name] = result
-        elif best is None or result.score > best.placement.score:
-            best = NodeChoice(view.name, result)
-    return best if best is not None else refusals

@@ -10,7 +10,7 @@ from gpushare.cli import inspect
 from gpushare.cluster.port import NotFound
 from gpushare.inventory import parse_layout
 from gpushare.objects import Pod
-from gpushare.placement import choose_node, to_allocation
+from gpushare.placement import Placement, evaluate, to_allocation
 from gpushare.policies import policy_for
 from gpushare.request import parse_pod_request
 from gpushare.state import ClusterState
@@ -25,10 +25,10 @@ def place(cluster: MemoryCluster, new: Pod, node: str) -> None:
     state, _ = ClusterState.rebuild(cluster.list_nodes().items, cluster.list_pods().items)
     request = parse_pod_request(created)
     assert request is not None
-    choice = choose_node([state.nodes[node].view()], request, lambda v: policy_for(v.placement))
-    allocation = to_allocation(
-        request, choice.placement.assignment, state.nodes[node].inventory, T0
-    )
+    view = state.nodes[node].view()
+    placement = evaluate(view, request, policy_for(view.placement))
+    assert isinstance(placement, Placement), placement
+    allocation = to_allocation(request, placement.assignment, state.nodes[node].inventory, T0)
     meta = created.metadata
     cluster.bind_pod(meta.namespace, meta.name, node, annotations=annotation.encode(allocation))
 

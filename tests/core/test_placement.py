@@ -7,7 +7,6 @@ from gpushare.errors import Refusal, Rule
 from gpushare.labels import NodeMode
 from gpushare.placement import (
     Placement,
-    choose_node,
     evaluate,
     extender_score,
     to_allocation,
@@ -244,17 +243,17 @@ def test_removing_a_pod_frees_its_gpus():
     place(state, request(mem=16), "memory-only-now-allowed")
 
 
-def test_choose_node_takes_the_best_score_and_explains_every_refusal():
+def test_binpack_scores_the_fullest_node_best_and_every_node_explains_a_refusal():
     full = node_state("1x16GiB", node="full")
     place(full, request(mem=12), "x")
     small = node_state("1x8GiB", node="small")
     empty = node_state("1x16GiB", node="empty")
     views = [full.view(), small.view(), empty.view()]
-    choice = choose_node(views, request(mem=4), lambda _: BINPACK)
-    assert not isinstance(choice, dict) and choice.node == "full"
-    refusals = choose_node(views, request(mem=20), lambda _: BINPACK)
-    assert isinstance(refusals, dict)
-    assert {n: r.rule for n, r in refusals.items()} == {
+    scores = {v.name: evaluate(v, request(mem=4), BINPACK) for v in views}
+    assert all(isinstance(s, Placement) for s in scores.values()), scores
+    assert max(scores, key=lambda n: scores[n].score) == "full"  # type: ignore[union-attr]
+    refusals = {v.name: evaluate(v, request(mem=20), BINPACK) for v in views}
+    assert {n: r.rule for n, r in refusals.items()} == {  # type: ignore[union-attr]
         "full": Rule.GPU_TOO_SMALL,
         "small": Rule.GPU_TOO_SMALL,
         "empty": Rule.GPU_TOO_SMALL,

@@ -1,12 +1,12 @@
 """The fragmentation-aware policies on Kubernetes nodes (GiB, CPU not tracked), through
-the same evaluate()/choose_node() the extender calls, and learning the workload online."""
+the same evaluate() the extender calls, and learning the workload online."""
 
 import pytest
 
 from gpushare.fgd import FgdPolicy
 from gpushare.fragmentation import Fragmentation, devices, models
 from gpushare.lookahead import LookaheadFgdPolicy
-from gpushare.placement import Placement, choose_node, evaluate, to_allocation
+from gpushare.placement import Placement, evaluate, to_allocation
 from gpushare.policies import OUR_POLICY, POLICIES, policy_named
 from gpushare.state import NodeState
 from gpushare.workload import PRIOR, LearnedWorkload, TaskShape, Workload
@@ -47,14 +47,15 @@ def test_a_slice_completes_a_half_used_gpu_rather_than_opening_one(policy):
 
 
 @pytest.mark.parametrize("name", ["fgd", "fgd-lookahead"])
-def test_choose_node_prefers_the_node_where_the_slice_fits_snugly(name):
+def test_the_node_where_the_slice_fits_snugly_scores_higher(name):
     policy = policy_named(name).with_workload(HALF_GPUS)  # type: ignore[attr-defined]
     half = node_state("2x16GiB", node="half")
     place(half, request(mem=8), policy, "a")
     empty = node_state("2x16GiB", node="empty")
-    # The empty node comes first, so only a better score can pick the other one.
-    choice = choose_node([empty.view(), half.view()], request(mem=8), lambda _: policy)
-    assert not isinstance(choice, dict) and choice.node == "half"
+    snug = evaluate(half.view(), request(mem=8), policy)
+    loose = evaluate(empty.view(), request(mem=8), policy)
+    assert isinstance(snug, Placement) and isinstance(loose, Placement)
+    assert snug.score > loose.score
 
 
 def test_our_policy_leaves_the_hole_the_next_popular_pod_fills_exactly():
@@ -163,11 +164,12 @@ def test_every_registered_policy_places_on_kubernetes_nodes(name, req):
     place(busy, request(mem=10), policy, "a")
     place(busy, request(mem=6), policy, "b")
     nodes = [busy.view(), node_state("2x16GiB", node="small", mode="core_mem").view()]
-    choice = choose_node(nodes, req, lambda _: policy)
-    assert not isinstance(choice, dict), choice
-    view = {v.name: v for v in nodes}[choice.node]
-    # The placement fits the node it chose.
-    added = {index: (mem, core) for index, mem, core in choice.placement.assignment.added}
+    placements = [(evaluate(v, req, policy), v) for v in nodes]
+    fitting = [(p, v) for p, v in placements if isinstance(p, Placement)]
+    assert fitting, placements
+    placement, view = max(fitting, key=lambda pv: pv[0].score)
+    # The placement fits the node it would go to.
+    added = {index: (mem, core) for index, mem, core in placement.assignment.added}
     for gpu in view.gpus:
         mem, core = added.get(gpu.index, (0, 0))
         assert mem <= gpu.mem_free and core <= gpu.core_free

@@ -64,6 +64,32 @@ def test_a_container_answered_before_its_mark_comes_back_is_not_answered_twice()
     assert names(queue.take(GPU_MEM, 2, MEM_AND_COUNT).waiting) == ("later", "main")
 
 
+def test_a_relist_keeps_the_answers_already_given():
+    """A watch that expired lists every pod again: a container answered before the
+    relist, its mark not back yet, is still answered and is not given out twice."""
+    queue = AdmissionQueue(NODE)
+    first = bound("first", [[0]], second=1, mem=2)
+    later = bound("later", [[1]], second=2, mem=2)
+    queue.replace([first, later])
+    assert names(queue.take(GPU_MEM, 2, MEM_AND_COUNT).waiting) == ("first", "main")
+
+    queue.replace([first, later])
+
+    assert names(queue.take(GPU_MEM, 2, MEM_AND_COUNT).waiting) == ("later", "main")
+
+
+def test_a_relist_without_the_pod_forgets_its_answers():
+    queue = AdmissionQueue(NODE)
+    again = bound("again", [[0]], mem=2)
+    queue.replace([again])
+    queue.take(GPU_MEM, 2, MEM_AND_COUNT)
+
+    queue.replace([])
+    queue.upsert(again)  # deleted and created again under the same UID: it waits afresh
+
+    assert names(queue.take(GPU_MEM, 2, MEM_AND_COUNT).waiting) == ("again", "main")
+
+
 def test_a_pod_the_watch_reported_gone_is_forgotten_entirely():
     queue = AdmissionQueue(NODE)
     again = bound("again", [[0]], mem=2)

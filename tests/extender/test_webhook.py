@@ -88,6 +88,9 @@ def test_several_broken_rules_are_all_named(webhook):
     ]
     assert "[not-an-integer]" in message
     assert "[core-range]" in message and "[core-needs-gpu-mem]" in message
+    # one refusal per rule, each readable on its own in `kubectl apply`'s output
+    refusals = message.split(": ", 1)[1].split("; ")
+    assert len(refusals) == 3 and all(r.endswith("]") for r in refusals), refusals
 
 
 def test_an_unknown_placement_policy_is_refused_with_the_known_ones(webhook):

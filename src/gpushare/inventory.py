@@ -156,13 +156,14 @@ def node_gpus(
 
 
 def _even_split(node: Node) -> tuple[Gpu, ...]:
+    """A node whose plugin publishes no per-GPU annotation (ACK's own): its GPU memory
+    split evenly over its GPU count; no GPUs when either is missing or unreadable."""
     allocatable = node.status.allocatable
-    try:
-        count = int(allocatable.get(GPU_COUNT, "0"))
-        total = int(allocatable.get(GPU_MEM, "0"))
-    except ValueError:
+    if GPU_COUNT not in allocatable or GPU_MEM not in allocatable:
         return ()
-    if count <= 0:
+    try:
+        count, total = int(allocatable[GPU_COUNT]), int(allocatable[GPU_MEM])
+    except ValueError:
         return ()
     return tuple(Gpu(index=i, uuid="", mem=total // count) for i in range(count))
 

@@ -8,11 +8,15 @@
                 may not get worse (the CI step: ./scripts/test, --changed-since HEAD~1);
                 a module not recorded yet is reported, not held
     --record    write the scores of this run into docs/mutation-scores.json
+    --retest    run only the mutants not killed yet (survived, no tests, never run):
+                after writing tests for survivors, minutes instead of the module's run
 
 Prints per module: mutants, killed, survived, timed out, no tests, the score
 (killed + timed out over all mutants), then each survivor with its diff. mutmut
 works in ./mutants (a copy of src/ and tests/; the checkout is never changed) and
-keeps its results there, so a second run retests only what changed.
+keeps its results there: `--no-run` reports them, `--retest` runs again only what a
+new test may kill. A plain run retests every mutant of the modules named, so a
+module's score always comes from the tests as they are now.
 
 A mutant a test can never kill (an equivalent mutant) is marked in the source
 with `# pragma: no mutate` and a reason on the same line; mutmut does not make it.
@@ -44,6 +48,8 @@ class ModuleScore:
     module: str
     statuses: Counter[str] = field(default_factory=Counter)
     survivors: list[str] = field(default_factory=list)
+    not_killed: list[str] = field(default_factory=list)
+    """Names of the survivors and of the mutants never run."""
 
     @property
     def total(self) -> int:
@@ -133,8 +139,10 @@ def scores(modules: list[str]) -> list[ModuleScore]:
         module = name.rsplit(".", 1)[0]
         if module in by_module:
             by_module[module].statuses[status] += 1
-            if status not in _KILLED and status != "not checked":
-                by_module[module].survivors.append(f"{name} ({status})")
+            if status not in _KILLED:
+                by_module[module].not_killed.append(name)
+                if status != "not checked":
+                    by_module[module].survivors.append(f"{name} ({status})")
     return list(by_module.values())
 
 
@@ -173,6 +181,7 @@ def main() -> int:
     parser.add_argument(
         "--no-run", action="store_true", help="report the results kept in mutants/, run nothing"
     )
+    parser.add_argument("--retest", action="store_true", help="run only the mutants not killed yet")
     parser.add_argument("--max-children", type=int, default=2, help="parallel mutants (2)")
     args = parser.parse_args()
 
@@ -182,7 +191,12 @@ def main() -> int:
         return 0
     modules = [module_of(p) for p in paths]
     print(f"mutation: {len(modules)} module(s): {', '.join(modules)}", flush=True)
-    if not args.no_run:
+    if args.retest:
+        names = [name for r in scores(modules) for name in r.not_killed]
+        print(f"mutation: retesting {len(names)} mutant(s) not killed yet", flush=True)
+        if names:
+            mutmut("run", "--max-children", str(args.max_children), *names)
+    elif not args.no_run:
         mutmut("run", "--max-children", str(args.max_children), *(f"{m}.*" for m in modules))
     results = scores(modules)
     report(results, show_diffs=not args.no_diffs)

@@ -75,6 +75,36 @@ def test_results_are_grouped_by_module_with_survivors_named(monkeypatch):
     assert annotation.survivors == ["gpushare.annotation.x_encode__mutmut_1 (no tests)"]
 
 
+def test_a_retest_runs_only_the_mutants_not_killed(monkeypatch):
+    listing = (
+        "    gpushare.request.x_parse__mutmut_1: killed\n"
+        "    gpushare.request.x_parse__mutmut_2: survived\n"
+        "    gpushare.request.x_parse__mutmut_3: no tests\n"
+        "    gpushare.request.x_parse__mutmut_4: not checked\n"
+        "    gpushare.request.x_parse__mutmut_5: timeout\n"
+    )
+    runs: list[tuple[str, ...]] = []
+
+    def fake(*args: str, quiet: bool = False) -> str:
+        if args[0] == "run":
+            runs.append(args)
+        return listing
+
+    monkeypatch.setattr(mutation, "mutmut", fake)
+    monkeypatch.setattr(sys, "argv", ["mutation", "src/gpushare/request.py", "--retest"])
+    mutation.main()
+    assert runs == [
+        (
+            "run",
+            "--max-children",
+            "2",
+            "gpushare.request.x_parse__mutmut_2",
+            "gpushare.request.x_parse__mutmut_3",
+            "gpushare.request.x_parse__mutmut_4",
+        )
+    ]
+
+
 def test_a_module_outside_the_scope_is_refused_by_name():
     run = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "mutation.py"), "src/gpushare/cli/main.py"],

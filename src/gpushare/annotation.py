@@ -112,19 +112,23 @@ def _decode_ours(value: str) -> PodAllocation:
         raise AnnotationError(f"{ALLOCATION} is malformed: {err}") from err
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+"""When a pod ACK's scheduler placed without a bind time counts as bound: first."""
+
+
 def _decode_ack(pod: Pod) -> PodAllocation:
     annotations = pod.metadata.annotations
     if not pod.spec.node_name:
         raise AnnotationError(f"pod {pod.key} has ACK allocation keys but no node")
     try:
         per_container = _ack_containers(pod, annotations)
-        assumed = int(annotations.get(ACK_ASSUME_TIME) or annotations.get(ACK_V2_ASSUME_TIME) or 0)
+        assumed = annotations.get(ACK_ASSUME_TIME) or annotations.get(ACK_V2_ASSUME_TIME)
+        bound_at = datetime.fromtimestamp(int(assumed) / 1e9, tz=UTC) if assumed else _EPOCH
         dev_mem = int(annotations.get(ACK_MEM_DEV, "0"))
-    except (ValueError, AttributeError, TypeError) as err:
+    except (ValueError, AttributeError, TypeError, OverflowError) as err:
         raise AnnotationError(f"ACK allocation keys of pod {pod.key} are malformed: {err}") from err
-    assigned = (
-        annotations.get(ACK_ASSIGNED) or annotations.get(ACK_V2_ASSIGNED) or "false"
-    ).lower() == "true"
+    flag = annotations.get(ACK_ASSIGNED) or annotations.get(ACK_V2_ASSIGNED)
+    assigned = flag is not None and flag.lower() == "true"
     containers = []
     for index, per_gpu in sorted(per_container.items()):
         spec = pod.spec.containers[index] if index < len(pod.spec.containers) else None
@@ -144,7 +148,7 @@ def _decode_ack(pod: Pod) -> PodAllocation:
         )
     return PodAllocation(
         node=pod.spec.node_name,
-        bound_at=datetime.fromtimestamp(assumed / 1e9, tz=UTC),
+        bound_at=bound_at,
         containers=tuple(containers),
     )
 

@@ -294,6 +294,10 @@ def test_ack_keys_on_a_pod_without_a_node_are_an_error_naming_the_pod():
         {"ALIYUN_COM_GPU_MEM_IDX": "GPU-1"},
         {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_ASSUME_TIME": "yesterday"},
         {"ALIYUN_COM_GPU_MEM_IDX": "0", "scheduler.framework.gpushare.assume-time": "1.5e18"},
+        # a bind time past year 9999 or past what a float holds: an error, not a crash
+        {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_ASSUME_TIME": "9" * 23},
+        {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_ASSUME_TIME": "1" + "0" * 30},
+        {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_ASSUME_TIME": "1" + "0" * 400},
         {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_DEV": "16GiB"},
     ],
 )

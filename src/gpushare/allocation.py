@@ -83,12 +83,6 @@ class PodAllocation(_Frozen):
         """GiB the pod holds while running (app containers and sidecars)."""
         return sum(s.mem for c in self.containers if c.role.runs_with_apps for s in c.gpus)
 
-    def container(self, name: str) -> ContainerAllocation:
-        for c in self.containers:
-            if c.name == name:
-                return c
-        raise KeyError(f"no container {name!r} in the allocation")
-
     def charges(self) -> dict[int, tuple[int, int]]:
         """Memory and compute the pod holds on each GPU it touches.
 

@@ -34,7 +34,7 @@ def test_every_bound_container_gets_the_environment_of_its_allocation():
     ]
     for entry in admitted:
         live = cluster.get_pod("default", entry.pod.split("/")[1])
-        allocated = annotation.decode(live).container(entry.container)
+        allocated = {c.name: c for c in annotation.decode(live).containers}[entry.container]
         assert allocated.assigned
         assert entry.node == live.spec.node_name
         assert entry.env[NVIDIA_VISIBLE_DEVICES] == allocated.gpus[0].uuid

@@ -50,8 +50,9 @@ def assert_placed_as_asked(pod: Pod) -> None:
     assert allocation.node == pod.spec.node_name
     request = parse_pod_request(pod)
     assert request is not None
+    allocated = {c.name: c for c in allocation.containers}
     for wanted in request.containers:
-        got = allocation.container(wanted.name)
+        got = allocated[wanted.name]
         assert len({s.index for s in got.gpus}) == wanted.gpus, pod.key
         if not wanted.exclusive:
             assert all(s.mem == wanted.mem and s.core == wanted.core for s in got.gpus)

@@ -61,6 +61,8 @@ def test_valid_values_parse(parse, raw, value):
         (parse_policy, "6", "policy must be one of 0 fair-share"),
         (parse_policy, "", "policy was written empty"),
         (parse_max_inst, "26", "max_inst must be in 1..25; got 26"),
+        (parse_max_inst, " \n", "max_inst was written empty; write a whole number"),
+        (parse_max_inst, "16.5", "max_inst must be a whole number; got '16.5'"),
         (parse_prio_ratio, "19", "prio_ratio must be in 20..99; got 19"),
         (parse_prio_ratio, "50%", "prio_ratio must be a whole number; got '50%'"),
         (parse_highprio, "yes", "highprio must be a whole number"),

@@ -79,6 +79,30 @@ def test_a_write_breaking_a_rule_changes_nothing(caplog, path, text, reason):
     assert (s.settings(0), s.grants(0)) == before
 
 
+def test_a_container_may_take_every_unit_still_free():
+    s = store()
+    s.join(0, observed("a"))
+    s.join(0, observed("b", weight=2))
+    assert s.apply(control_write("0/a/weight", "14"))
+    assert s.grants(0) == {"a": 14, "b": 2}
+    assert s.free_weight(0) == 0
+
+
+def test_the_log_names_a_container_by_its_short_id(caplog):
+    full = "3f9a1c2e7b4d" + "0" * 52
+    s = store()
+    s.join(0, observed(full))
+    s.join(0, observed("b", weight=10))
+    with caplog.at_level(logging.INFO, logger="gpushare.isolation"):
+        assert s.apply(control_write(f"0/{full}/weight", "3"))
+        assert not s.apply(control_write(f"0/{full}/weight", "9"))
+    assert caplog.messages == [
+        "control tree: container 3f9a1c2e7b4d on GPU 0: weight 3",
+        f"refused write '9' to 0/{full}/weight: weight 9 needs more than the 6 units "
+        "container 3f9a1c2e7b4d can hold on GPU 0 (free_weight 3); the old value stays",
+    ]
+
+
 def test_saved_settings_come_back_gpu_ones_at_once_and_a_containers_when_it_joins():
     saved = Saved({"0/policy": "2", "0/a/weight": "5", "0/a/highprio": "1"})
     s = store(saved)
@@ -88,11 +112,21 @@ def test_saved_settings_come_back_gpu_ones_at_once_and_a_containers_when_it_join
     assert s.containers(0)["a"].high_priority
 
 
+def test_a_setting_kept_from_an_earlier_run_is_logged_as_such(caplog):
+    with caplog.at_level(logging.INFO, logger="gpushare.isolation"):
+        store(Saved({"0/policy": "2"}))
+    assert caplog.messages == [
+        "control tree: GPU 0: policy 2 (weight-preemptive) (kept from an earlier run)"
+    ]
+
+
 def test_a_saved_setting_the_rules_now_refuse_is_dropped(caplog):
     saved = Saved({"0/max_inst": "30", "0/policy": "2"})
     with caplog.at_level(logging.WARNING, logger="gpushare.isolation"):
         s = store(saved)
-    assert "setting 0/max_inst from an earlier run dropped" in caplog.text
+    assert caplog.messages == [
+        "setting 0/max_inst from an earlier run dropped: max_inst must be in 1..25; got 30"
+    ]
     assert saved.settings == {"0/policy": "2"}
     assert s.settings(0).max_inst == 16
 
@@ -105,4 +139,16 @@ def test_a_container_that_leaves_frees_its_weight_and_its_saved_settings():
     assert s.apply(control_write("1/a/weight", "3"))
     s.leave("a")
     assert s.grants(0) == {} and s.grants(1) == {}
+    assert saved.settings == {}
+
+
+def test_a_container_on_one_gpu_of_several_leaves_cleanly():
+    saved = Saved()
+    s = store(saved)
+    s.join(1, observed("a", gpus=(1,)))
+    s.join(1, observed("b", gpus=(1,)))
+    assert s.apply(control_write("1/a/weight", "3"))
+    s.leave("a")
+    assert list(s.containers(1)) == ["b"]
+    assert s.free_weight(1) == 15
     assert saved.settings == {}

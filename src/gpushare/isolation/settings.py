@@ -220,7 +220,7 @@ class SettingsStore:
         value = parse_weight(raw, setup.max_inst)
         grants = setup.grants()
         free = setup.max_inst - sum(grants.values())
-        most = grants.get(key, 0) + free
+        most = grants[key] + free  # _accept let only a container on the GPU, not disabled, in
         if value > most:
             raise InvalidSetting(
                 f"weight {value} needs more than the {most} units container {key[:12]} "

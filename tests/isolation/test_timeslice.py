@@ -158,6 +158,53 @@ def test_soft_runs_containers_together_when_shares_are_even():
     assert decided.runs == {"a", "b"}
 
 
+def soft_runs(
+    before: Mapping[str, float], after: Mapping[str, float], **tuning: float
+) -> frozenset[str]:
+    """Who the soft policy lets run once each container's GPU-seconds went from `before`
+    to `after` over the scheduler's window (10 slices) of busy containers."""
+    clock = SimulatedClock()
+    scheduler = TimeSliceScheduler(SLICE, clock.now, **tuning)
+    gpu = GpuSettings(Policy.SOFT)
+    for _ in range(10):
+        scheduler.next_slice(gpu, [Tenant(key, used_s=used) for key, used in before.items()])
+        clock.advance(SLICE)
+    tenants = [Tenant(key, used_s=used) for key, used in after.items()]
+    return scheduler.next_slice(gpu, tenants).runs
+
+
+def test_soft_holds_back_only_those_above_their_share_while_another_is_below_it():
+    # The GPU was half busy over the window: a used 37% of that, c 33% (within 2 points
+    # of its third), b 30% (below it).
+    runs = soft_runs({"a": 0, "b": 0, "c": 0}, {"a": 0.185, "b": 0.15, "c": 0.165})
+    assert runs == {"b", "c"}
+
+
+def test_soft_holds_nobody_back_while_nobody_is_short_by_more_than_the_tolerance():
+    runs = soft_runs({"a": 0, "b": 0, "c": 0}, {"a": 0.18, "b": 0.16, "c": 0.16})
+    assert runs == {"a", "b", "c"}
+
+
+def test_soft_judges_the_recent_window_not_what_a_container_used_before():
+    runs = soft_runs({"old": 100.0, "new": 0.0}, {"old": 100.25, "new": 0.25})
+    assert runs == {"old", "new"}
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        # a is short of its quarter by exactly the tolerance: not short enough to hold b back.
+        {"a": 0.0625, "b": 0.25, "c": 0.09375, "d": 0.09375},
+        # a is over its quarter by exactly the tolerance while b is short: a still runs.
+        {"a": 0.1875, "b": 0.03125, "c": 0.140625, "d": 0.140625},
+    ],
+)
+def test_soft_counts_a_share_at_the_edge_of_the_tolerance_as_within_it(after):
+    # A tolerance of 1/8 around the fair quarter, so the edges are exact in binary.
+    before = dict.fromkeys(after, 0.0)
+    assert soft_runs(before, after, soft_tolerance=0.125) == {"a", "b", "c", "d"}
+
+
 def test_native_never_freezes_anyone():
     clock = SimulatedClock()
     scheduler = TimeSliceScheduler(SLICE, clock.now)

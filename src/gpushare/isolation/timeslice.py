@@ -342,7 +342,6 @@ class _UsageWindow:
             self._samples.setdefault(t.id, deque(maxlen=self._size + 1)).append(t.used_s)
 
     def used(self, key: str) -> float:
-        samples = self._samples.get(key)
-        if not samples:
-            return 0.0
+        """Of a container recorded this slice (so it has a sample)."""
+        samples = self._samples[key]
         return samples[-1] - samples[0]

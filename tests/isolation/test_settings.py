@@ -58,7 +58,12 @@ def test_an_accepted_write_is_saved_and_a_refused_one_is_not(caplog):
 @pytest.mark.parametrize(
     ("path", "text", "reason"),
     [
-        ("0/free_weight", "3", "free_weight is read-only"),
+        (
+            "0/free_weight",
+            "3",
+            "free_weight is read-only; the settings are policy, max_inst and prio_ratio "
+            "per GPU, weight and highprio per container",
+        ),
         ("2/policy", "1", "there is no GPU 2 on this node"),
         ("0/z/weight", "1", "container z is not on GPU 0"),
         ("0/off/weight", "2", "isolation is off for container off"),
@@ -90,16 +95,26 @@ def test_a_container_may_take_every_unit_still_free():
 
 def test_the_log_names_a_container_by_its_short_id(caplog):
     full = "3f9a1c2e7b4d" + "0" * 52
+    off = "9e8d7c6b5a4f" + "1" * 52
     s = store()
     s.join(0, observed(full))
     s.join(0, observed("b", weight=10))
+    s.join(0, observed(off, disabled=True))
     with caplog.at_level(logging.INFO, logger="gpushare.isolation"):
         assert s.apply(control_write(f"0/{full}/weight", "3"))
+        assert s.apply(control_write(f"0/{full}/highprio", "1"))
         assert not s.apply(control_write(f"0/{full}/weight", "9"))
+        assert not s.apply(control_write(f"1/{full}/weight", "1"))
+        assert not s.apply(control_write(f"0/{off}/highprio", "1"))
     assert caplog.messages == [
         "control tree: container 3f9a1c2e7b4d on GPU 0: weight 3",
+        "control tree: container 3f9a1c2e7b4d on GPU 0: highprio 1",
         f"refused write '9' to 0/{full}/weight: weight 9 needs more than the 6 units "
         "container 3f9a1c2e7b4d can hold on GPU 0 (free_weight 3); the old value stays",
+        f"refused write '1' to 1/{full}/weight: container 3f9a1c2e7b4d is not on GPU 1; "
+        "the old value stays",
+        f"refused write '1' to 0/{off}/highprio: isolation is off for container 9e8d7c6b5a4f "
+        "(CGPU_DISABLE); it is not scheduled; the old value stays",
     ]
 
 

@@ -181,9 +181,9 @@ class SettingsStore:
                 f"{write.name} is read-only; the settings are policy, max_inst and prio_ratio "
                 "per GPU, weight and highprio per container"
             )
-        setup = self._gpus.get(write.gpu) if write.gpu is not None else None
-        if setup is None or write.gpu is None:
+        if write.gpu is None or write.gpu not in self._gpus:
             raise InvalidSetting(f"there is no GPU {write.gpu} on this node")
+        setup = self._gpus[write.gpu]
         if write.container is None:
             return self._accept_gpu(write.gpu, setup, write)
         key = write.container

@@ -117,25 +117,28 @@ class _Group:
         """How many copies of the task the GPUs hold at once, and the milli-GPU each
         takes (averaged over the GPUs that would hold them)."""
         fitting = [d for d in devices if self.fits(d)]
+        if len(fitting) < self.gpus:
+            return 0, 0.0  # pragma: no mutate: no copy fits: what one would take never counts
         if self.exclusive:
             return len(fitting) // self.gpus, float(MILLI * self.gpus)
         if self.gpus > 1:  # one slice on each of several GPUs
-            each = sum(self._slice(d) for d in fitting) / len(fitting) if fitting else 0.0
+            each = sum(self._slice(d) for d in fitting) / len(fitting)
             return len(fitting) // self.gpus, each * self.gpus
         count, amount = 0, 0.0
-        for d in fitting:
+        for d in fitting:  # a GPU the task fits on holds at least one copy
             n = d[0] // self.mem if self.fraction else d[1] // self.mem
             if self.core and not self.fraction:
                 n = min(n, d[2] // self.core)
             count += n
             amount += n * self._slice(d)
-        return count, (amount / count if count else 0.0)
+        return count, amount / count
 
     def _slice(self, d: Device) -> float:
-        """milli-GPU one slice of the task takes on this GPU."""
+        """milli-GPU one slice of the task takes on a GPU it fits on (which then has
+        memory free: sharing tasks ask for some)."""
         if self.fraction:
             return float(self.mem)
-        return self.mem * d[0] / d[1] if d[1] else 0.0
+        return self.mem * d[0] / d[1]
 
     def after_one(self, d: Device) -> Device:
         """The GPU once one slice of the task (a single-GPU sharing task) lands on it.

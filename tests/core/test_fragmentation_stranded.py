@@ -1,0 +1,103 @@
+"""The GPU a node's CPU strands (Fragmentation.stranded, the CPU term fgd-lookahead adds to
+F): per task t of the workload, p_t times the milli-GPU of the copies of t the node's GPUs
+could hold beyond the floor(CPU left / CPU of t) copies its CPU can run. Worked by hand."""
+
+import pytest
+
+from gpushare.fragmentation import Fragmentation, devices
+from gpushare.labels import NodeMode
+from gpushare.state import NodeState
+from gpushare.workload import TaskShape, Workload
+from tests.builders import node_state, request
+from tests.core.test_host_resources import milli_node, place, sharing
+
+
+def one_task(shape: TaskShape) -> Fragmentation:
+    return Fragmentation(Workload(((shape, 1.0),)))
+
+
+def slice_of_400_on_gpu_0(gpus: int) -> NodeState:
+    """A simulator node (GPUs of 1000 milli) whose GPU 0 holds a 400-milli pod."""
+    state = milli_node(gpus=gpus)
+    place(state, sharing(400), "a")
+    assert state.used(0)[0] == 400
+    return state
+
+
+def test_gpus_the_cpu_left_cannot_feed_are_stranded():
+    # A 300-milli task with 1 CPU: 2 copies fit on the 600 left of GPU 0, 3 on GPU 1, 5 in
+    # all, each 300 milli. 2 CPUs run 2 of them: the other 3 copies, 900 milli, are stranded.
+    frag = one_task(TaskShape(gpus=1, mem=300, core=300, cpu_milli=1000))
+    gpus = devices(slice_of_400_on_gpu_0(gpus=2).view())
+    assert frag.stranded(2000, gpus) == pytest.approx(900)
+    # The same GPUs asked again with other CPU left: each copy the CPU can run is one less.
+    assert frag.stranded(4999, gpus) == pytest.approx(300)
+    assert frag.stranded(5000, gpus) == 0
+    assert frag.stranded(2000, gpus) == pytest.approx(900)
+
+
+def test_nodes_without_cpu_tracking_and_tasks_without_cpu_strand_nothing():
+    task = TaskShape(gpus=1, mem=300, core=300, cpu_milli=1000)
+    gpus = devices(slice_of_400_on_gpu_0(gpus=2).view())
+    assert one_task(task).stranded(None, gpus) == 0  # a Kubernetes node: CPU is not ours
+    # The prior's tasks name no CPU: the node's CPU never limits them.
+    no_cpu = Fragmentation(Workload(((TaskShape(gpus=1, mem=300, core=300), 1.0),)))
+    assert no_cpu.stranded(0, gpus) == 0
+
+
+def test_whole_and_multi_gpu_copies_take_all_their_gpus():
+    # GPU 0 holds a pod; GPUs 1-3 are whole. A 2-GPU exclusive task (4 CPUs): 3 whole GPUs
+    # hold one copy, 2000 milli. A 2-GPU task of 700 milli on each (2 CPUs): 3 GPUs have
+    # 700 free, one copy again, 1400 milli. 1 CPU left runs neither:
+    # stranded = .5 * 1 * 2000 + .5 * 1 * 1400 = 1700.
+    frag = Fragmentation(
+        Workload(
+            (
+                (TaskShape(gpus=2, exclusive=True, cpu_milli=4000), 0.5),
+                (TaskShape(gpus=2, mem=700, core=700, cpu_milli=2000), 0.5),
+            )
+        )
+    )
+    state = slice_of_400_on_gpu_0(gpus=4)
+    assert frag.stranded(1000, devices(state.view())) == pytest.approx(1700)
+    # GPU 1 taken: GPUs 2 and 3 still hold one copy of each.
+    place(state, sharing(1000), "b")
+    assert frag.stranded(1000, devices(state.view())) == pytest.approx(1700)
+    # With every GPU taken there is nothing left to strand.
+    for key in ("c", "d"):
+        place(state, sharing(1000), key)
+    place(state, sharing(600), "e")
+    assert frag.stranded(0, devices(state.view())) == 0
+
+
+def test_on_gib_gpus_copies_are_counted_in_gib_and_percent_and_weighed_in_milli_gpu():
+    # 16 GiB GPUs; GPU 0 holds 1 GiB and 50% compute: 15 GiB and 50% free, 500 milli (its
+    # compute is scarcer). A task of 5 GiB and 20%: GPU 0 holds min(15//5, 50//20) = 2
+    # copies of 5/15 of its 500 milli (166.7 each); GPU 1 holds min(16//5, 100//20) = 3 of
+    # 5/16 of 1000 (312.5 each). 5 copies average 7625/30 milli; 2 CPUs run 2 of them.
+    state = node_state("2x16GiB", mode=NodeMode.CORE_MEM)
+    place(state, request(mem=1, core=50), "a")
+    assert state.used(0)[:2] == (1, 50)
+    frag = one_task(TaskShape(gpus=1, mem=5, core=20, cpu_milli=1000))
+    assert frag.stranded(2000, devices(state.view())) == pytest.approx(3 * 7625 / 30)
+
+
+def test_fraction_tasks_and_tasks_without_compute_share_fill_gib_gpus_by_memory():
+    # GPU 0 holds 4 GiB: 12 GiB free (750 milli); GPU 1 is free. A task of 300 milli of any
+    # GPU fits 750 // 300 + 1000 // 300 = 5 times, 300 each; a 4 GiB task without compute
+    # share 12 // 4 + 16 // 4 = 7 times, 250 milli each. 1 CPU runs one of each:
+    # stranded = .5 * 4 * 300 + .5 * 6 * 250.
+    state = node_state("2x16GiB")
+    place(state, request(mem=4), "a")
+    assert state.used(0)[0] == 4
+    frag = Fragmentation(
+        Workload(
+            (
+                (TaskShape(gpus=1, mem=300, fraction=True, cpu_milli=1000), 0.5),
+                (TaskShape(gpus=1, mem=4, cpu_milli=1000), 0.5),
+            )
+        )
+    )
+    assert frag.stranded(1000, devices(state.view())) == pytest.approx(
+        0.5 * 4 * 300 + 0.5 * 6 * 250
+    )

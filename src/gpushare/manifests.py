@@ -27,7 +27,9 @@ def _template_pods(doc: Mapping[str, Any]) -> list[Pod]:
     meta = doc.get("metadata", {})
     spec = doc.get("spec", {})
     template = spec.get("template", {})
-    count = int(spec.get("parallelism", spec.get("replicas", 1)) or 1)
+    # Kubernetes' default is one pod; 0 (a paused Job, a scaled-down Deployment) is none.
+    count = spec.get("parallelism", spec.get("replicas"))
+    count = 1 if count is None else int(count)
     pods = []
     for i in range(count):
         pod_meta = dict(template.get("metadata", {}))

@@ -126,6 +126,15 @@ def test_every_broken_rule_is_reported_at_once():
     assert refused_rules(p) == {Rule.NOT_AN_INTEGER, Rule.CORE_STEP}
 
 
+def test_the_refusal_message_lists_each_rule_once_separated_for_reading():
+    """What kube-scheduler shows in `kubectl describe pod` for a pod the filter refused."""
+    p = pod(containers=[container("a", mem="1.5"), container("b", mem=2, core=33)])
+    with pytest.raises(PodRefused) as refused:
+        parse_pod_request(p)
+    assert str(refused.value) == "; ".join(str(r) for r in refused.value.refusals)
+    assert str(refused.value).count("; ") == 1 == len(refused.value.refusals) - 1
+
+
 def test_init_containers_and_sidecars_are_first_class():
     p = pod(
         containers=[container("app", mem=4)],

@@ -138,8 +138,8 @@ class LearnedWorkload:
     so the pods seen take over quickly. The distribution is re-derived at 8, 16, 32,
     64 pods and then every `check_every` pods, and adopted (`current`) only when it
     moved by more than `tolerance` (total variation), so that scores cached under
-    it stay valid most of the time. Shapes whose weight decays below a millionth of
-    a pod are forgotten.
+    it stay valid most of the time. Shapes whose weight decays to a millionth of a
+    pod or less are forgotten (when the weights are rescaled: every 40 half-lives).
     """
 
     def __init__(

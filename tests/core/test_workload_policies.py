@@ -127,6 +127,40 @@ def test_a_steady_workload_stops_changing_the_epoch():
     assert sum(changes[3000:]) == 0
 
 
+def test_after_very_many_pods_each_pod_still_weighs_by_its_age():
+    # half_life=1: each pod weighs twice the one before (the weights kept inside grow as
+    # 2^n and are rescaled once past 1e12, at the 40th pod: that must not show). After 40
+    # pods, pod 30 (`rare`) weighs 2^-10 of the last pod and all 40 weigh 2 - 2^-39. The
+    # prior, 10 pods' worth before the first, is down to 10 * 2^-40 of a pod: forgotten.
+    old, steady, rare, new = (TaskShape(gpus=1, mem=m) for m in (1, 2, 3, 4))
+    learned = LearnedWorkload(
+        Workload(((old, 1.0),)), prior_weight=10, half_life=1, check_every=1, tolerance=0
+    )
+    for n in range(1, 41):
+        learned.observe(rare if n == 30 else steady)
+    total = 2 - 2**-39
+    shares = dict(learned.current.tasks)
+    assert shares.keys() == {steady, rare}
+    assert shares[rare] == pytest.approx(2**-10 / total)
+    # The next pod weighs 2, as much as all the pods before it together.
+    learned.observe(new)
+    assert dict(learned.current.tasks)[new] == pytest.approx(2 / (total + 2))
+
+
+def test_a_shape_down_to_a_millionth_of_a_pod_is_forgotten():
+    # A prior of 2^40 millionths of a pod, halved by each of 40 pods (half_life=1): a
+    # millionth of a pod when the 40th pod comes, and dropped then.
+    old, steady = TaskShape(gpus=1, mem=1), TaskShape(gpus=1, mem=2)
+    learned = LearnedWorkload(
+        Workload(((old, 1.0),)), prior_weight=1e-6 * 2**40, half_life=1, check_every=1, tolerance=0
+    )
+    for _ in range(39):
+        learned.observe(steady)
+    assert old in dict(learned.current.tasks)
+    learned.observe(steady)
+    assert dict(learned.current.tasks) == {steady: 1.0}
+
+
 def test_fixed_and_learning_copies_are_fresh_objects_of_the_same_class():
     registered = policy_named("fgd-lookahead")
     fixed = registered.with_workload(HALF_GPUS)  # type: ignore[attr-defined]

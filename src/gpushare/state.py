@@ -230,7 +230,7 @@ class ClusterState:
         if state is None:
             return
         for key, allocation in state.pods.items():
-            self.pod_nodes.pop(key, None)
+            del self.pod_nodes[key]  # add_pod put it there
             self.unplaced[key] = allocation
 
     def add_pod(self, pod_key: str, allocation: PodAllocation) -> None:

@@ -7,8 +7,10 @@ from gpushare.allocation import PodAllocation
 from gpushare.cluster import EventType
 from gpushare.errors import Refusal
 from gpushare.extender.cache import SchedulerCache
+from gpushare.extender.inspect import cluster_report
+from gpushare.inventory import NODE_GPUS_ANNOTATION, parse_layout
 from gpushare.lookahead import LookaheadFgdPolicy
-from gpushare.objects import PodStatus
+from gpushare.objects import Node, PodStatus
 from gpushare.policies import POLICIES
 from tests.builders import T0, being_deleted, node, pod, request
 
@@ -86,10 +88,10 @@ def test_a_reservation_the_watch_never_confirms_expires():
     assert used(cache) == 0
 
 
-def bound_pod(cache: SchedulerCache, name: str, mem: int):
+def bound_pod(cache: SchedulerCache, name: str, mem: int, node: str = "n"):
     """A pod the API shows bound to n with its allocation, applied to the cache."""
-    allocation = assume(cache, name, mem)
-    bound = pod(name, mem=mem, node="n", annotations=annotation.encode(allocation))
+    allocation = assume(cache, name, mem, node)
+    bound = pod(name, mem=mem, node=node, annotations=annotation.encode(allocation))
     cache.apply_pod(EventType.MODIFIED, bound)
     return bound
 
@@ -230,3 +232,132 @@ def test_a_bind_reserves_only_what_still_fits():
     refused = cache.reserve("default/q", "uid-q", "n", request(mem=10), None, T0)
     assert isinstance(refused, Refusal) and "insufficient-gpu-memory" in str(refused)
     assert cache.assumed_keys() == ["default/p"] and used(cache) == 10
+
+
+def test_a_deleted_node_is_refused_and_stays_gone_after_a_relist():
+    cache = started()
+    cache.apply_node(EventType.DELETED, node("n", "1x16GiB"))
+    assert refusal(cache, 1) == (
+        '"n":"node n is not known to the gpushare extender (yet) [node-unknown]"'
+    )
+    cache.replace_pods([])  # the pods listed again: the node must not come back with them
+    assert "[node-unknown]" in refusal(cache, 1)
+    cache.apply_node(EventType.DELETED, node("n", "1x16GiB"))  # told twice: nothing more to do
+    assert cache.counts().nodes == 0
+
+
+def test_a_node_changed_by_the_watch_keeps_its_new_gpus_through_a_relist():
+    cache = started()
+    cache.apply_node(EventType.MODIFIED, node("n", "1x8GiB"))
+    cache.replace_pods([])
+    assert "[gpu-too-small]" in refusal(cache, 10)
+    assert refusal(cache, 8) == ""
+
+
+def test_a_node_that_leaves_and_comes_back_still_carries_its_pods():
+    cache = started()
+    bound_pod(cache, "p", 10)
+    cache.apply_node(EventType.DELETED, node("n", "1x16GiB"))
+    cache.apply_node(EventType.ADDED, node("n", "1x16GiB"))
+    assert used(cache) == 10
+    assert "[insufficient-gpu-memory]" in refusal(cache, 8)
+
+
+def test_a_pod_deleted_while_its_node_is_away_is_not_counted_when_the_node_returns():
+    cache = started()
+    gone = bound_pod(cache, "p", 10)
+    cache.apply_node(EventType.DELETED, node("n", "1x16GiB"))
+    cache.apply_pod(EventType.DELETED, gone)
+    cache.apply_node(EventType.ADDED, node("n", "1x16GiB"))
+    assert used(cache) == 0 and refusal(cache, 16) == ""
+
+
+def test_a_pod_deleted_after_its_node_got_more_gpus_frees_its_gpu():
+    cache = started()
+    gone = bound_pod(cache, "p", 10)
+    cache.apply_node(EventType.MODIFIED, node("n", "2x16GiB"))
+    on_gpu0 = frozenset({"default/p"})
+    assert cache.snapshot().gpus["n"] == {0: (10, 0, on_gpu0), 1: (0, 0, frozenset())}
+    cache.apply_pod(EventType.DELETED, gone)
+    assert cache.snapshot().gpus["n"] == {0: (0, 0, frozenset()), 1: (0, 0, frozenset())}
+
+
+def test_preempt_never_evicts_a_pod_whose_bind_the_watch_has_not_shown():
+    """kube-scheduler may offer a pod it assumed itself: its priority is not known
+    here yet, so our set leaves it alone and frees the room elsewhere."""
+    cache = started()
+    assume(cache, "new", 4)
+    bound_pod(cache, "low", 10)
+    offered = ["uid-new", "uid-low"]
+    assert cache.victims("n", request(mem=10), None, 100, offered) == ["uid-low"]
+
+
+def unserved_pods(count: int) -> list:
+    """Pods asking for GPUs under a schedulerName nobody serves."""
+    built = pod("p", mem=1)
+    return [
+        built.model_copy(
+            update={
+                "metadata": built.metadata.model_copy(update={"name": f"p{i}", "uid": f"u{i}"}),
+                "spec": built.spec.model_copy(update={"scheduler_name": "nobody-scheduler"}),
+            }
+        )
+        for i in range(count)
+    ]
+
+
+def test_a_pod_told_about_is_told_about_again_only_after_10000_newer_ones():
+    cache = SchedulerCache(served_schedulers=("gpushare-scheduler",))
+    cache.replace_nodes([])
+    pods = unserved_pods(10_001)
+    cache.replace_pods(pods)
+    assert len(cache.take_unserved()) == 10_001
+    cache.replace_pods(pods)  # a relist: only the oldest is not remembered any more
+    assert cache.take_unserved() == [("default/p0", "u0", "nobody-scheduler")]
+
+
+def unreadable(name: str) -> Node:
+    """A node whose GPU annotation the extender cannot read."""
+    broken = node(name, "1x16GiB")
+    meta = broken.metadata.model_copy(update={"annotations": {NODE_GPUS_ANNOTATION: "not json"}})
+    return broken.model_copy(update={"metadata": meta})
+
+
+def test_inspect_shows_each_gpu_node_pod_by_pod_and_each_unreadable_one():
+    cache = SchedulerCache()
+    spread = node("a", "1x16GiB", **{"ack.node.gpu.placement": "spread"})
+    cpu_only = Node.model_validate({"metadata": {"name": "c"}})
+    cache.replace_nodes([spread, unreadable("b"), cpu_only])
+    cache.replace_pods([])
+    bound_pod(cache, "p", 4, node="a")
+    assume(cache, "q", 2, node="a")
+    cache.apply_pod(EventType.ADDED, pod("bad", mem=1, annotations={"gpushare.io/allocation": "{"}))
+    report = cluster_report(cache)
+    assert report["synced"] is True and report["assumedPods"] == ["default/q"]
+    assert list(report["podProblems"]) == ["default/bad"]
+    shown, problem = report["nodes"]
+    assert shown == {
+        "name": "a",
+        "mode": "cgpu",
+        "placementPolicy": "spread",
+        "memGiB": 16,
+        "allocatedMemGiB": 6,
+        "gpus": [
+            {
+                "index": 0,
+                "uuid": parse_layout("1x16GiB", "a")[0].uuid,
+                "model": "Mock-GPU",
+                "healthy": True,
+                "memGiB": 16,
+                "allocatedMemGiB": 6,
+                "corePercent": 100,
+                "allocatedCorePercent": 0,
+                "pods": [
+                    {"pod": "default/p", "memGiB": 4, "corePercent": 0, "assumed": False},
+                    {"pod": "default/q", "memGiB": 2, "corePercent": 0, "assumed": True},
+                ],
+            }
+        ],
+    }
+    assert list(problem) == ["name", "problem"] and problem["name"] == "b"
+    assert problem["problem"].startswith("gpushare.io/gpus is malformed")

@@ -195,3 +195,74 @@ def test_the_url_prefix_is_a_flag(cluster, scheduler_for):
     body = {"Pod": pod_json(pod("p", mem=1)), "Nodes": None, "NodeNames": ["n"]}
     assert s.http.post(base + "/custom/filter", json=body).json()["NodeNames"] == ["n"]
     assert s.http.post(base + PREFIX + "/filter", json=body).status_code == 404
+
+
+def node_objects(s, *names: str) -> list[dict]:
+    """The Node objects a scheduler that is not node-cache-capable sends, in full."""
+    return [s.cluster.get_node(name).to_manifest() for name in names]
+
+
+def test_not_node_cache_capable_a_pod_without_our_resources_gets_every_node_back(
+    cluster, scheduler_for
+):
+    cluster.add_node(node("gpu", "1x16GiB"))
+    cluster.add_node(node("cpu", "1x16GiB", mode=None))
+    s = scheduler_for()
+    items = node_objects(s, "gpu", "cpu")
+    plain = pod("web", containers=[{"name": "nginx", "resources": {"limits": {"cpu": "1"}}}])
+    body = {"Pod": pod_json(plain), "Nodes": {"metadata": {}, "items": items}, "NodeNames": None}
+    assert s.post("filter", body).json() == {
+        "Nodes": {"metadata": {}, "items": items},
+        "NodeNames": None,
+        "FailedNodes": {},
+        "FailedAndUnresolvableNodes": {},
+        "Error": "",
+    }
+
+
+def test_not_node_cache_capable_a_pod_that_breaks_a_rule_gets_no_node_back(cluster, scheduler_for):
+    cluster.add_node(node("a", "1x16GiB", mode="core_mem"))
+    cluster.add_node(node("b", "1x16GiB", mode="core_mem"))
+    s = scheduler_for()
+    items = node_objects(s, "a", "b")
+    bad = pod("core-33", mem=2, core=33)
+    body = {"Pod": pod_json(bad), "Nodes": {"metadata": {}, "items": items}, "NodeNames": None}
+    answer = s.post("filter", body).json()
+    reason = answer["FailedAndUnresolvableNodes"]["a"]
+    assert "multiple of 5, got 33" in reason
+    assert answer == {
+        "Nodes": {"metadata": {}, "items": []},
+        "NodeNames": None,
+        "FailedNodes": {},
+        "FailedAndUnresolvableNodes": {"a": reason, "b": reason},
+        "Error": "",
+    }
+
+
+def test_not_node_cache_capable_the_passing_node_objects_come_back_in_a_node_list(
+    cluster, scheduler_for
+):
+    cluster.add_node(node("fits", "1x16GiB"))
+    s = scheduler_for()
+    items = node_objects(s, "fits")
+    body = {
+        "Pod": pod_json(s.submit(pod("p", mem=8))),
+        "Nodes": {"metadata": {}, "items": items},
+        "NodeNames": None,
+    }
+    assert s.post("filter", body).json()["Nodes"] == {"metadata": {}, "items": items}
+
+
+def test_a_filter_call_without_any_candidate_gets_an_empty_answer(cluster, scheduler_for):
+    cluster.add_node(node("n", "1x16GiB"))
+    s = scheduler_for()
+    body = {"Pod": pod_json(s.submit(pod("p", mem=8))), "Nodes": None, "NodeNames": None}
+    response = s.post("filter", body)
+    assert response.status_code == 200
+    assert response.json() == {
+        "Nodes": {"metadata": {}, "items": []},
+        "NodeNames": None,
+        "FailedNodes": {},
+        "FailedAndUnresolvableNodes": {},
+        "Error": "",
+    }

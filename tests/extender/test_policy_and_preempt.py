@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpushare.placement import Assignment, PlacementPolicy
+from gpushare.placement import Assignment, Placement, PlacementPolicy
 from gpushare.policies import POLICIES
 from gpushare.request import PodRequest
 from gpushare.state import GpuView, NodeView
@@ -169,3 +169,44 @@ def test_preempt_leaves_pods_without_our_resources_to_the_scheduler(crowded):
     victims = {"n": {"Pods": [{"UID": v["v1"].metadata.uid}], "NumPDBViolations": 2}}
     body = {"Pod": pod_json(plain), "NodeNameToMetaVictims": victims}
     assert s.post("preempt", body).json() == {"NodeNameToMetaVictims": victims}
+
+
+class LastGpuOnly(HighestFirst):
+    """A policy that places pods on the node's last GPU only, keeping the others free."""
+
+    name = "last-gpu-only"
+
+    def place(self, view: NodeView, request: PodRequest) -> Placement | None:
+        placement = super().place(view, request)
+        last = (view.gpus[-1].index,)
+        if placement is None or any(gpus != last for gpus in placement.assignment.gpus):
+            return None
+        return placement
+
+
+LAST_GPU_ONLY = {**POLICIES, LastGpuOnly.name: LastGpuOnly}
+
+
+@pytest.mark.parametrize(
+    ("node_labels", "preemptor"),
+    [
+        ({}, with_policy("last-gpu-only", name="big", mem=10, priority=1)),
+        ({"ack.node.gpu.placement": "last-gpu-only"}, pod("big", mem=10, priority=1)),
+    ],
+    ids=["named-by-the-pod", "named-by-the-node"],
+)
+def test_preempt_frees_room_where_the_pods_policy_would_place_it(
+    cluster, scheduler_for, node_labels, preemptor
+):
+    cluster.add_node(node("n", "2x16GiB", **node_labels))
+    s = scheduler_for(policies=LAST_GPU_ONLY)
+    for name, mem in (("a", 8), ("b", 10)):  # binpack: a on GPU 0, b (no room there) on 1
+        assert s.bind(s.submit(with_policy("binpack", name=name, mem=mem)), "n") == ""
+    assert allocation_of(cluster, "default", "b").gpu_indices == (1,)
+    offered = {"n": {"Pods": [{"UID": "uid-a"}], "NumPDBViolations": 0}}
+    body = {"Pod": pod_json(preemptor), "NodeNameToMetaVictims": offered}
+    answer = s.post("preempt", body).json()
+    # Evicting a frees GPU 0, where this policy never places the pod: b must go.
+    assert answer == {
+        "NodeNameToMetaVictims": {"n": {"Pods": [{"UID": "uid-b"}], "NumPDBViolations": 0}}
+    }

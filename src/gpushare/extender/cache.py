@@ -340,7 +340,7 @@ class SchedulerCache:
             taken = [(key, uid, name) for key, (uid, name) in self._unserved.items()]
             self._unserved.clear()
             for _, uid, _ in taken:
-                self._noticed[uid] = None
+                self._noticed[uid] = None  # pragma: no mutate: an ordered set, values unread
                 if len(self._noticed) > _NOTICED_LIMIT:
                     self._noticed.popitem(last=False)
             return taken
@@ -472,7 +472,10 @@ class SchedulerCache:
                 return None
             return self._details(name, with_pods=True)
 
-    def nodes_details(self, with_pods: bool = False) -> list[NodeDetails]:
+    def nodes_details(
+        self,
+        with_pods: bool = False,  # pragma: no mutate: /metrics, its only user, reads no pod
+    ) -> list[NodeDetails]:
         """Every node's details, by name (GPU by GPU; pod by pod when asked)."""
         with self._lock:
             names = sorted(set(self._state.nodes) | set(self._node_problems))
@@ -520,10 +523,10 @@ class SchedulerCache:
 
     def _pod_uid(self, pod_key: str) -> str:
         record = self._pods.get(pod_key) or self._assumed.get(pod_key)
-        return record.uid if record else ""
+        return record.uid if record else ""  # pragma: no mutate: a pod on a node is one of both
 
     def _details(self, name: str, with_pods: bool) -> NodeDetails:
-        policy = self._node_policies.get(name, self.default_policy)
+        policy = self._node_policies[name]  # every node known has one, even an unreadable one
         return node_details(
             name,
             self._state.nodes.get(name),

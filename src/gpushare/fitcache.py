@@ -69,7 +69,7 @@ class FitCache(Generic[Table]):
         if len(self._log) > self._log_limit:
             for table in self._tables.values():
                 self._catch_up(table)
-                table.position = 0
+                table.position = 0  # pragma: no mutate: None slices the log from 0 alike
             self._log.clear()
 
     def clear(self) -> None:

@@ -36,6 +36,14 @@ def test_every_table_catches_up_with_the_same_change():
     assert results(cache, "4GiB") == {} and results(cache, "8GiB") == {}
 
 
+def test_a_table_made_after_changes_keeps_the_results_it_got_since():
+    cache: FitCache[Table] = FitCache(FitTable)
+    cache.changed("a")
+    table = cache.table("4GiB", 0)
+    table.results["a"] = "fits"
+    assert results(cache, "4GiB") == {"a": "fits"} and not table.stale
+
+
 def test_other_epochs_make_a_new_table():
     cache: FitCache[Table] = FitCache(FitTable)
     old = cache.table("4GiB", (("fgd", 0),))
@@ -47,7 +55,7 @@ def test_other_epochs_make_a_new_table():
 def test_only_the_most_recently_used_tables_are_kept():
     cache: FitCache[Table] = FitCache(FitTable, limit=2)
     first = cache.table("a", 0)
-    cache.table("b", 0)
+    cache.table("b", 0).results["n"] = "fits"
     assert cache.table("a", 0) is first  # now the most recent
     cache.table("c", 0)
     assert cache.table("a", 0) is first
@@ -61,8 +69,8 @@ def test_a_full_log_brings_every_table_up_to_date_and_starts_again():
     for node in ("a", "b", "c", "d"):
         cache.changed(node)  # the fourth overflows the log
     assert table.results == {} and table.stale == {"a", "b", "c", "d"}
-    table.results["a"] = 5
-    cache.changed("b")
+    table.results.update(a=5, b=6)
+    cache.changed("b")  # the first change of the new log
     assert cache.table("4GiB", 0).results == {"a": 5}
 
 

@@ -56,6 +56,17 @@ def owners(gpu: GpuSettings, tenants: Sequence[Tenant], slices: int) -> list[str
     return sequence
 
 
+def owners_under(plan: Sequence[GpuSettings], tenants: Sequence[Tenant]) -> list[str | None]:
+    """Whose turn each slice is while the GPU's settings go through `plan`, one per slice."""
+    clock = SimulatedClock()
+    scheduler = TimeSliceScheduler(SLICE, clock.now)
+    sequence = []
+    for gpu in plan:
+        sequence.append(scheduler.next_slice(gpu, tenants).owner)
+        clock.advance(SLICE)
+    return sequence
+
+
 def test_fair_share_gives_each_container_one_slot_of_max_inst_used_or_not():
     gpu = GpuSettings(Policy.FAIR_SHARE, max_inst=4)
     tenants = [Tenant("a"), Tenant("b"), Tenant("c", active=False)]
@@ -105,6 +116,12 @@ def test_weights_one_to_two_give_one_to_two_compute_in_merged_turns():
     assert shares["b"] == pytest.approx(2 / 3, abs=0.03)
     # b's two slices come as one turn: the GPU switches twice per round, not three times.
     assert owners(gpu, tenants, 9) == ["a", "b", "b"] * 3
+
+
+def test_weight_based_turns_last_weight_slices_and_other_policies_take_one_slice_turns():
+    tenants = [Tenant("a", weight=2), Tenant("b", weight=2)]
+    assert owners(GpuSettings(Policy.WEIGHTED), tenants, 8) == ["a", "a", "b", "b"] * 2
+    assert owners(GpuSettings(Policy.PREEMPTIVE), tenants, 8) == ["a", "b"] * 4
 
 
 def test_weighted_turns_skip_idle_containers():
@@ -158,19 +175,32 @@ def test_soft_runs_containers_together_when_shares_are_even():
     assert decided.runs == {"a", "b"}
 
 
+def soft_runs_after(history: Sequence[Mapping[str, float]], **tuning: float) -> frozenset[str]:
+    """Who the soft policy lets run in the slice after `history`: each slice's GPU-seconds
+    used so far, per container (all have work)."""
+    clock = SimulatedClock()
+    scheduler = TimeSliceScheduler(SLICE, clock.now, **tuning)
+    gpu = GpuSettings(Policy.SOFT)
+    for used in history:
+        decided = scheduler.next_slice(gpu, [Tenant(key, used_s=u) for key, u in used.items()])
+        clock.advance(SLICE)
+    return decided.runs
+
+
 def soft_runs(
     before: Mapping[str, float], after: Mapping[str, float], **tuning: float
 ) -> frozenset[str]:
     """Who the soft policy lets run once each container's GPU-seconds went from `before`
-    to `after` over the scheduler's window (10 slices) of busy containers."""
-    clock = SimulatedClock()
-    scheduler = TimeSliceScheduler(SLICE, clock.now, **tuning)
-    gpu = GpuSettings(Policy.SOFT)
-    for _ in range(10):
-        scheduler.next_slice(gpu, [Tenant(key, used_s=used) for key, used in before.items()])
-        clock.advance(SLICE)
-    tenants = [Tenant(key, used_s=used) for key, used in after.items()]
-    return scheduler.next_slice(gpu, tenants).runs
+    to `after` over the scheduler's window (10 slices)."""
+    return soft_runs_after([before] * 10 + [after], **tuning)
+
+
+@pytest.mark.parametrize(("slices_ago", "held_back"), [(10, {"a"}), (11, set())])
+def test_soft_remembers_the_last_ten_slices(slices_ago, held_back):
+    # a ran alone for one slice, then a and b shared the GPU evenly.
+    history = [{"a": 0.0, "b": 0.0}, {"a": 0.1, "b": 0.0}]
+    history += [{"a": 0.1 + 0.05 * k, "b": 0.05 * k} for k in range(1, slices_ago)]
+    assert soft_runs_after(history) == {"a", "b"} - held_back
 
 
 def test_soft_holds_back_only_those_above_their_share_while_another_is_below_it():
@@ -227,9 +257,10 @@ def test_high_priority_preempts_up_to_prio_ratio_while_it_has_work():
     gpu = GpuSettings(Policy.PREEMPTIVE, prio_ratio=40)
     tenants = [Tenant("hp", high_priority=True), Tenant("a"), Tenant("b")]
     shares = simulate(gpu, tenants)
-    assert shares["hp"] == pytest.approx(0.40, abs=0.01)
-    assert shares["a"] == pytest.approx(0.30, abs=0.01)
-    assert shares["b"] == pytest.approx(0.30, abs=0.01)
+    # To within a slice over the minute.
+    assert shares["hp"] == pytest.approx(0.40, abs=0.002)
+    assert shares["a"] == pytest.approx(0.30, abs=0.002)
+    assert shares["b"] == pytest.approx(0.30, abs=0.002)
 
 
 def test_high_priority_takes_the_very_next_slice_when_work_arrives():
@@ -272,6 +303,21 @@ def test_a_policy_change_takes_effect_on_the_next_slice():
     assert scheduler.next_slice(GpuSettings(Policy.PREEMPTIVE), tenants).runs == {"a"}
     clock.advance(SLICE)
     assert scheduler.next_slice(GpuSettings(Policy.NATIVE), tenants).runs == {"a", "b"}
+
+
+def test_a_policy_change_cuts_short_a_turn_of_the_old_policy():
+    weighted, preemptive = GpuSettings(Policy.WEIGHTED), GpuSettings(Policy.PREEMPTIVE)
+    tenants = [Tenant("a", weight=1), Tenant("b", weight=3)]
+    # b's turn of three slices starts at the second; from the third, turns last one slice.
+    plan = [weighted, weighted, *[preemptive] * 4]
+    assert owners_under(plan, tenants) == ["a", "b", "a", "b", "a", "b"]
+
+
+def test_a_new_prio_ratio_gives_waiting_high_priority_work_the_next_slice():
+    before, after = (GpuSettings(Policy.PREEMPTIVE, prio_ratio=r) for r in (20, 30))
+    tenants = [Tenant("hp", high_priority=True), Tenant("a")]
+    assert owners_under([before] * 3, tenants) == ["hp", "a", "a"]
+    assert owners_under([before, before, after], tenants) == ["hp", "a", "hp"]
 
 
 def test_shares_hold_when_the_loop_wakes_up_late_or_early():

@@ -83,9 +83,18 @@ class Slice:
 class TimeSliceScheduler:
     """Decides each slice of one GPU. One instance per GPU: it remembers turns and credit."""
 
+    # Set by every slice decided, read only from the next one on.
+    _charged: "_Rotation | None"
+    """The rotation whose container ran the slice, to charge for it."""
+    _last_kind: SliceKind
+    _high_owed: bool
+    """The high-priority slice was taken on balance (not only for want of normal work)."""
+    _high_balance: float
+    """Seconds high-priority containers may still run before a normal one is owed a slice."""
+
     def __init__(
         self,
-        slice_s: float = 0.1,
+        slice_s: float,
         clock: Callable[[], float] = time.monotonic,
         soft_window: int = 10,
         soft_tolerance: float = 0.02,
@@ -96,41 +105,33 @@ class TimeSliceScheduler:
         self._clock = clock
         self._soft_tolerance = soft_tolerance
         self._usage = _UsageWindow(soft_window)
-        self._settings: GpuSettings | None = None
-        self._normal = _Rotation(slice_s)
-        self._high = _Rotation(slice_s)
-        self._charged: _Rotation | None = None
         self._last_at: float | None = None
-        self._last_kind: SliceKind | None = None
-        self._high_owed = False
-        self._high_balance = 0.0
-        self._high_waiting = False
+        self._restart(None)
 
     def next_slice(self, settings: GpuSettings, tenants: Sequence[Tenant]) -> Slice:
         now = self._clock()
-        elapsed = 0.0 if self._last_at is None else max(0.0, now - self._last_at)
         if settings != self._settings:
             self._restart(settings)
-        else:
-            self._charge(elapsed, settings.prio_ratio / 100)
+        elif self._last_at is not None:
+            self._charge(max(0.0, now - self._last_at), settings.prio_ratio / 100)
         self._last_at = now
         decided = self._decide(settings, tenants)
         self._last_kind = decided.kind
         return decided
 
-    def _restart(self, settings: GpuSettings) -> None:
+    def _restart(self, settings: GpuSettings | None) -> None:
         """A new policy (or max_inst, prio_ratio) starts from a clean rotation."""
         self._settings = settings
         self._normal = _Rotation(self.slice_s)
         self._high = _Rotation(self.slice_s)
-        self._charged = None
-        self._high_balance = 0.0
-        self._high_waiting = False
+        # The next slice high-priority containers have work in starts a new balance
+        # (prio_ratio of a slice); set again whenever none has work.
+        self._high_fresh = True
 
     def _charge(self, elapsed: float, ratio: float) -> None:
         if self._charged is not None:
             self._charged.charge(elapsed)
-        if self._high_waiting:
+        if not self._high_fresh:
             if self._last_kind is SliceKind.HIGH_PRIORITY:
                 if self._high_owed:
                     self._high_balance += ratio * elapsed - elapsed
@@ -148,9 +149,9 @@ class TimeSliceScheduler:
         normal = [t for t in holders if not t.high_priority]
         probes = _probes(policy, holders)
         normal_runs = _normal_runnable(policy, normal)
-        if high and not self._high_waiting:
+        if high and self._high_fresh:
             self._high_balance = settings.prio_ratio / 100 * self.slice_s
-        self._high_waiting = bool(high)
+        self._high_fresh = not high
         if high and (self._high_balance > 0 or not normal_runs):
             self._high_owed = self._high_balance > 0
             owner = self._high.pick(_split(policy, high), self._turns(policy, high), _ids(high))
@@ -261,16 +262,17 @@ def _split(policy: Policy, tenants: Sequence[Tenant]) -> dict[str, float]:
 
 def _with_idle(shares: dict[str, float]) -> dict[str, float]:
     rest = 1 - sum(shares.values())
-    if rest > _EPS:
+    if rest > _EPS:  # pragma: no mutate: rest is never _EPS itself (over 1/2, or k * 2**-53)
         shares[IDLE] = rest
     return shares
 
 
 def _normal_runnable(policy: Policy, normal: Sequence[Tenant]) -> bool:
-    """Whether the normal class uses this slice. Fixed slots are kept whether used or not."""
+    """Whether the normal class uses this slice. Fixed slots are kept whether used or not.
+    `normal`: containers holding weight."""
     if not policy.work_conserving:
         return True
-    return any(t.active and t.weight > 0 for t in normal)
+    return any(t.active for t in normal)
 
 
 def _probes(policy: Policy, holders: Sequence[Tenant]) -> frozenset[str]:
@@ -289,13 +291,16 @@ def _ids(tenants: Sequence[Tenant]) -> list[str]:
 class _Rotation:
     """Turns among one class of containers, handed out by credit."""
 
+    shares: Mapping[str, float]
+    turn_left: float
+    """Of the owner's turn; both set by the first pick, before any charge."""
+
     def __init__(self, slice_s: float) -> None:
         self._slice_s = slice_s
         self.credit: dict[str, float] = {}
-        self.shares: Mapping[str, float] = {}
         self.owner: str | None = None
-        self.last_owner: str | None = None
-        self.turn_left = 0.0
+        # '' (IDLE) comes last in rotation order: a rotation after it starts at the front.
+        self.last_owner: str | None = None  # pragma: no mutate: '' starts where None does
 
     def charge(self, elapsed: float) -> None:
         for key, share in self.shares.items():

@@ -1,6 +1,9 @@
 """filter and prioritize over HTTP, as kube-scheduler calls them."""
 
 import json
+import re
+
+import httpx
 
 from gpushare.inventory import parse_layout
 from gpushare.testing.memorycluster import gpu_node
@@ -265,4 +268,29 @@ def test_a_filter_call_without_any_candidate_gets_an_empty_answer(cluster, sched
         "FailedNodes": {},
         "FailedAndUnresolvableNodes": {},
         "Error": "",
+    }
+
+
+def rejections(s) -> dict[str, float]:
+    """gpushare_extender_filter_rejections_total per rule, from /metrics."""
+    text = httpx.get(f"{s.server.url}/metrics").text
+    found = re.findall(
+        r'^gpushare_extender_filter_rejections_total\{rule="([^"]+)"\} (\S+)$', text, re.M
+    )
+    return {rule: float(value) for rule, value in found}
+
+
+def test_metrics_count_the_nodes_filter_refused_by_rule(cluster, scheduler_for):
+    cluster.add_node(node("busy", "1x16GiB"))
+    cluster.add_node(node("small", "1x8GiB"))
+    s = scheduler_for()
+    assert s.schedule(s.submit(pod("first", mem=14))) == "busy"
+    s.filter(s.submit(pod("second", mem=12)), ["busy", "small", "ghost"])
+    s.filter(pod("broken", core=33), ["busy", "small", "ghost"])
+    assert rejections(s) == {
+        "insufficient-gpu-memory": 1.0,
+        "gpu-too-small": 2.0,  # small refused first too
+        "node-unknown": 1.0,
+        "core-multiple-of-5": 3.0,
+        "core-needs-gpu-mem": 3.0,
     }

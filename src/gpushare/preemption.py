@@ -235,10 +235,11 @@ def _lowest_level(trial: _Trial, candidates: list[_Candidate]) -> tuple[int, lis
 
 def _reprieve(trial: _Trial, pool: list[_Candidate]) -> list[_Candidate]:
     """What kube-scheduler does: evict the whole pool, then spare each pod whose
-    staying still leaves room, the most important first."""
+    staying still leaves room, the most important first; among pods of one priority
+    the smallest first, which spares the most of them (fewer victims is cheaper)."""
     victims = list(pool)
     trial.take(c.key for c in pool)
-    for spared in sorted(pool, key=lambda c: (-c.priority, -c.mem, c.key)):
+    for spared in sorted(pool, key=lambda c: (-c.priority, c.mem, c.key)):
         trial.put_back([spared.key])
         if trial.fits():
             victims = [c for c in victims if c is not spared]

@@ -15,9 +15,11 @@ from gpushare.policies import BinpackPolicy
 from gpushare.preemption import EvictionCost, choose_victims
 from gpushare.request import PodRequest
 from gpushare.state import NodeState
-from tests.builders import T0, node_state, request
+from tests.builders import T0, container, node_state, request
 
 BINPACK = BinpackPolicy()
+NO_VICTIM = -(2**31) - 1
+"""The highest priority of no victims: below every pod priority (an int32)."""
 
 
 def put(state: NodeState, name: str, gpu: int | tuple[int, ...], mem: int = 0, core: int = 0):
@@ -138,6 +140,7 @@ def test_pods_being_deleted_count_as_gone_and_are_never_chosen():
     assert victims(state, request(mem=16), priorities, leaving={"deleting"}) == {"a"}
     kept = choose_victims(state, request(mem=8), BINPACK, priorities, leaving={"deleting"})
     assert kept is not None and kept.keeps_offered and kept.pods == ()
+    assert kept.cost == EvictionCost(NO_VICTIM, 0, 0, 0)  # cheaper than evicting any pod
 
 
 def test_the_offered_set_stands_when_it_makes_room_and_is_no_dearer():
@@ -149,6 +152,7 @@ def test_the_offered_set_stands_when_it_makes_room_and_is_no_dearer():
     priorities = dict.fromkeys("abcd", 0)
     kept = choose_victims(state, request(mem=16), BINPACK, priorities, offered=["c", "d", "x"])
     assert kept is not None and kept.keeps_offered and kept.pods == ("c", "d")
+    assert kept.cost == EvictionCost(highest=0, count=2, priority_sum=0, mem=16)
     across = choose_victims(state, request(mem=16), BINPACK, priorities, offered=["a", "c"])
     assert across is not None and not across.keeps_offered and across.pods == ("a", "b")
     state.remove("d")
@@ -168,6 +172,86 @@ def test_out_of_budget_the_choice_still_makes_room():
         ):
             chosen = victims(state, req, priorities)
         assert chosen is not None and fits_without(state, req, chosen)
+
+
+def big_filler_and_six_small(layout: str = "1x16GiB") -> tuple[NodeState, dict[str, int]]:
+    """GPU 0 full: `big` (6 GiB) and `filler` (4 GiB) of priority 1, and six pods s1-s6
+    of 1 GiB of priority 0: 10 GiB there take a pod of priority 1, and at best two."""
+    state = node_state(layout)
+    put(state, "big", 0, 6)
+    put(state, "filler", 0, 4)
+    for i in range(1, 7):
+        put(state, f"s{i}", 0, 1)
+    return state, {"big": 1, "filler": 1} | {f"s{i}": 0 for i in range(1, 7)}
+
+
+TWO_CONTAINERS = request(containers=[container("a", mem=5), container("b", mem=5)])
+
+
+def test_two_pods_that_free_a_gpu_rather_than_five_small_ones():
+    state, priorities = big_filler_and_six_small()
+    assert victims(state, request(mem=10), priorities) == {"big", "filler"}
+    assert victims(state, TWO_CONTAINERS, priorities) == {"big", "filler"}  # sets tried
+    # Solved GPU by GPU, a pod of one container needs no set tried at all.
+    with mock.patch.object(preemption, "SEARCH_BUDGET", 0):
+        assert victims(state, request(mem=10), priorities) == {"big", "filler"}
+
+
+def test_out_of_budget_a_pod_of_two_containers_gets_the_schedulers_own_choice():
+    # kube-scheduler's method: evict all eight, then spare the most important first and,
+    # of one priority, the smallest first: filler (12 GiB left free), not big (6), s1
+    # (11) and s2 (10), none of s3-s6 (9).
+    state, priorities = big_filler_and_six_small()
+    with mock.patch.object(preemption, "SEARCH_BUDGET", 0):
+        eviction = choose_victims(state, TWO_CONTAINERS, BINPACK, priorities)
+    assert eviction is not None and eviction.pods == ("big", "s3", "s4", "s5", "s6")
+    assert eviction.cost == EvictionCost(highest=1, count=5, priority_sum=1, mem=10)
+
+
+def test_at_most_search_budget_sets_are_tried_then_the_schedulers_choice_stands():
+    # GPU 0 as above; GPU 1 holds `u` (9 GiB, priority 1) beside 7 GiB that stay. The
+    # cheapest sets freeing 10 GiB, u with one of s1-s6, leave 9 GiB on GPU 1 and 1 on
+    # GPU 0: no room for two 5 GiB containers. The 7th set tried, big and filler, is.
+    state, priorities = big_filler_and_six_small("2x16GiB")
+    put(state, "stays", 1, 7)
+    put(state, "u", 1, 9)
+    priorities["u"] = 1
+    for budget, chosen in (
+        (7, {"big", "filler"}),
+        # Out of budget: evict all nine, spare filler, big (6 GiB free on GPU 0, 9 on
+        # GPU 1: a container on each), not u, s1, none of s2-s6.
+        (6, {"u", "s2", "s3", "s4", "s5", "s6"}),
+    ):
+        with mock.patch.object(preemption, "SEARCH_BUDGET", budget):
+            assert victims(state, TWO_CONTAINERS, priorities) == chosen
+
+
+def test_on_a_gpu_of_many_small_pods_the_choice_still_makes_room_at_least_cost():
+    # 16 pods of 1 GiB: too many sets of 6 or more to list, so kube-scheduler's method
+    # stands; it is as cheap as any: all 8 of priority 0, 2 of priority 1.
+    state = node_state("1x16GiB")
+    priorities = {}
+    for i in range(16):
+        put(state, f"p{i:02}", 0, 1)
+        priorities[f"p{i:02}"] = i // 8
+    eviction = choose_victims(state, TWO_CONTAINERS, BINPACK, priorities)
+    assert eviction is not None and fits_without(state, TWO_CONTAINERS, set(eviction.pods))
+    assert eviction.cost == EvictionCost(highest=1, count=10, priority_sum=2, mem=10)
+
+
+def test_out_of_its_step_budget_a_gpu_takes_the_cheapest_pods_then_spares_what_it_can():
+    # s1-s4 (1 GiB, priority 0), filler (4 GiB) and big (8 GiB) of priority 1; 10 GiB
+    # needed. Cheapest first: s1-s4, filler, big (16 GiB); then, dearest first, filler
+    # (12 GiB without it), s4 (11) and s3 (10) can stay: s1, s2 and big go.
+    state = node_state("1x16GiB")
+    for i in range(1, 5):
+        put(state, f"s{i}", 0, 1)
+    put(state, "filler", 0, 4)
+    put(state, "big", 0, 8)
+    priorities = {"filler": 1, "big": 1} | {f"s{i}": 0 for i in range(1, 5)}
+    assert victims(state, request(mem=10), priorities) == {"big", "filler"}
+    with mock.patch.object(preemption, "COVER_BUDGET", 1):
+        assert victims(state, request(mem=10), priorities) == {"s1", "s2", "big"}
 
 
 # ----- against every subset, on random nodes
@@ -217,7 +301,7 @@ def cheapest_by_brute_force(state, req, eligible) -> EvictionCost | None:
         for chosen in combinations(sorted(eligible), size):
             if fits_without(state, req, set(chosen)):
                 cost = EvictionCost(
-                    max((eligible[k] for k in chosen), default=-(2**31) - 1),
+                    max((eligible[k] for k in chosen), default=NO_VICTIM),
                     size,
                     sum(eligible[k] for k in chosen),
                     sum(m for k in chosen for m, _ in pods[k].charges().values()),
@@ -242,4 +326,23 @@ def test_the_choice_is_the_cheapest_of_every_subset(case):
         return
     assert set(eviction.pods) <= set(eligible)
     assert fits_without(state, req, set(eviction.pods))
+    assert eviction.cost == best
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=nodes_and_requests())
+def test_solved_gpu_by_gpu_the_choice_is_the_cheapest_without_trying_sets(case):
+    # One container on one GPU, or on M GPUs when no pod that may go spans several: the
+    # GPUs' own choices are exact, with no budget left for trying sets of pods.
+    state, req, eligible = case
+    (container,) = req.containers
+    if container.gpus > 1 and any(len(state.pods[k].charges()) > 1 for k in eligible):
+        return
+    with mock.patch.object(preemption, "SEARCH_BUDGET", 0):
+        eviction = choose_victims(state, req, BINPACK, eligible)
+    best = cheapest_by_brute_force(state, req, eligible)
+    if best is None or best.count == 0:
+        assert (eviction is None) == (best is None)
+        return
+    assert eviction is not None and fits_without(state, req, set(eviction.pods))
     assert eviction.cost == best

@@ -6,7 +6,7 @@ from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster import EventType
 from gpushare.errors import Refusal
-from gpushare.extender.cache import SchedulerCache
+from gpushare.extender.cache import SchedulerCache, interesting
 from gpushare.extender.inspect import cluster_report
 from gpushare.inventory import NODE_GPUS_ANNOTATION, parse_layout
 from gpushare.lookahead import LookaheadFgdPolicy
@@ -361,3 +361,17 @@ def test_inspect_shows_each_gpu_node_pod_by_pod_and_each_unreadable_one():
     }
     assert list(problem) == ["name", "problem"] and problem["name"] == "b"
     assert problem["problem"].startswith("gpushare.io/gpus is malformed")
+
+
+def test_the_watch_keeps_pods_asking_for_gpus_or_carrying_an_allocation_only():
+    cpu = [{"name": "nginx", "resources": {"limits": {"cpu": "1"}}}]
+    web = pod("web", containers=cpu)
+    allocated = pod("left", containers=cpu, annotations={"ALIYUN_COM_GPU_MEM_IDX": "0"})
+    assert [interesting(p) for p in (pod("p", mem=1), web, allocated)] == [True, False, True]
+
+
+def test_a_default_policy_not_in_the_registry_is_refused_by_name():
+    with pytest.raises(
+        ValueError, match=r"^default policy 'tetris' is not among the policies given$"
+    ):
+        SchedulerCache("tetris")

@@ -141,18 +141,20 @@ class _Group:
         return self.mem * d[0] / d[1]
 
     def after_one(self, d: Device) -> Device:
-        """The GPU once one slice of the task (a single-GPU sharing task) lands on it.
-        Amounts shrink in proportion (a Device carries no totals); whether the GPU
-        still takes a pod after this one is taken to be whether memory is left."""
+        """The GPU once one slice of the task (a single-GPU sharing task) lands on it,
+        a GPU it fits on (so with some of what the task asks for free: sharing tasks
+        ask for memory). Amounts shrink in proportion (a Device carries no totals);
+        whether the GPU still takes a pod after this one is taken to be whether
+        memory is left."""
         free, mem, core = d[0], d[1], d[2]
         if self.fraction:
             free_left = free - self.mem
-            mem_left = mem * free_left // free if free else 0
-            core_left = core * free_left // free if free else 0
+            mem_left = mem * free_left // free
+            core_left = core * free_left // free
         else:
             mem_left, core_left = mem - self.mem, core - self.core
-            free_left = free * mem_left // mem if mem else 0
-            if self.core and core:
+            free_left = free * mem_left // mem
+            if self.core:
                 free_left = min(free_left, free * core_left // core)
         if mem_left <= 0:
             return _CLOSED

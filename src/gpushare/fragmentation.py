@@ -211,9 +211,9 @@ class Fragmentation:
         cpu_step = None if cpu_free is None else bisect_right(self._cpu_steps, cpu_free)
         ordered = tuple(sorted(devices))
         key = (models, cpu_step, ordered)
-        value = self._memo.get(key)
+        value = self._memo.get(key)  # pragma: no mutate: a memo: a miss only computes again
         if value is None:
-            if len(self._memo) >= MEMO_LIMIT:
+            if len(self._memo) >= MEMO_LIMIT:  # pragma: no mutate: a bound on memory only
                 self._memo.clear()
             value = self._memo[key] = self._compute(models, cpu_free, ordered)
         return value
@@ -227,12 +227,12 @@ class Fragmentation:
             return 0.0
         ordered = tuple(sorted(devices))
         key = (cpu_free, ordered)
-        value = self._stranded.get(key)
+        value = self._stranded.get(key)  # pragma: no mutate: a memo: a miss only computes again
         if value is not None:
             return value
-        copies = self._copies.get(ordered)
+        copies = self._copies.get(ordered)  # pragma: no mutate: a memo: a miss only computes again
         if copies is None:
-            if len(self._copies) >= MEMO_LIMIT:
+            if len(self._copies) >= MEMO_LIMIT:  # pragma: no mutate: a bound on memory only
                 self._copies.clear()
             copies = self._copies[ordered] = tuple(g.copies(ordered) for g in self._groups)
         total = 0.0
@@ -242,9 +242,9 @@ class Fragmentation:
             for p, cpu, _ in group.members:
                 if cpu and cpu_free // cpu < count:
                     total += p * (count - cpu_free // cpu) * each
-        if len(self._stranded) >= MEMO_LIMIT:
+        if len(self._stranded) >= MEMO_LIMIT:  # pragma: no mutate: a bound on memory only
             self._stranded.clear()
-        self._stranded[key] = total
+        self._stranded[key] = total  # pragma: no mutate: a memo: a miss only computes again
         return total
 
     def expected_next(
@@ -258,7 +258,7 @@ class Fragmentation:
         cpu_step = None if cpu_free is None else bisect_right(self._next_steps, cpu_free)
         ordered = tuple(sorted(devices))
         key = (models, cpu_step, ordered)
-        value = self._next.get(key)
+        value = self._next.get(key)  # pragma: no mutate: a memo: a miss only computes again
         if value is not None:
             return value
         base = self.of(models, cpu_free, ordered)
@@ -276,9 +276,9 @@ class Fragmentation:
                     continue
                 cpu_left = None if cpu_free is None else cpu_free - (cpu or 0)
                 total += p * min(self.of(models, cpu_left, after) for after in afters)
-        if len(self._next) >= MEMO_LIMIT:
+        if len(self._next) >= MEMO_LIMIT:  # pragma: no mutate: a bound on memory only
             self._next.clear()
-        self._next[key] = total
+        self._next[key] = total  # pragma: no mutate: a memo: a miss only computes again
         return total
 
     def _afters(self, group: _Group, ordered: tuple[Device, ...]) -> list[list[Device]]:

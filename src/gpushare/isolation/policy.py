@@ -62,6 +62,12 @@ class GpuSettings:
     max_inst: int = DEFAULT_MAX_INST
     prio_ratio: int = DEFAULT_PRIO_RATIO
 
+    @property
+    def high_priority_share(self) -> float:
+        """The fraction of the time high-priority containers with work get while others have
+        work too (prio_ratio percent)."""
+        return self.prio_ratio / 100
+
 
 def parse_policy(raw: str) -> Policy:
     value = _whole(raw, "policy")

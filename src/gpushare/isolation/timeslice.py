@@ -113,7 +113,7 @@ class TimeSliceScheduler:
         if settings != self._settings:
             self._restart(settings)
         elif self._last_at is not None:
-            self._charge(max(0.0, now - self._last_at), settings.prio_ratio / 100)
+            self._charge(max(0.0, now - self._last_at), settings.high_priority_share)
         self._last_at = now
         decided = self._decide(settings, tenants)
         self._last_kind = decided.kind
@@ -150,7 +150,7 @@ class TimeSliceScheduler:
         probes = _probes(policy, holders)
         normal_runs = _normal_runnable(policy, normal)
         if high and self._high_fresh:
-            self._high_balance = settings.prio_ratio / 100 * self.slice_s
+            self._high_balance = settings.high_priority_share * self.slice_s
         self._high_fresh = not high
         if high and (self._high_balance > 0 or not normal_runs):
             self._high_owed = self._high_balance > 0
@@ -244,7 +244,7 @@ def _shares(settings: GpuSettings, tenants: Sequence[Tenant]) -> dict[str, float
     high = [t for t in holders if t.high_priority and t.active]
     normal = [t for t in holders if not t.high_priority]
     contended = _normal_runnable(settings.policy, normal)
-    high_part = (settings.prio_ratio / 100 if contended else 1.0) if high else 0.0
+    high_part = (settings.high_priority_share if contended else 1.0) if high else 0.0
     shares = {key: high_part * value for key, value in _split(settings.policy, high).items()}
     for key, value in normal_shares(settings, normal).items():
         if key != IDLE:

@@ -1,5 +1,7 @@
 """Writing `assigned` back: resourceVersion preconditions and retries on Conflict."""
 
+import logging
+
 from gpushare import annotation
 from gpushare.deviceplugin.assignment import AssignmentWriter, patch_allocation
 from gpushare.inventory import node_gpus, parse_layout
@@ -22,8 +24,8 @@ def _bound(cluster: MemoryCluster, name: str, uid: str = ""):
     return cluster.get_pod("default", name)
 
 
-def _cluster() -> MemoryCluster:
-    cluster = MemoryCluster()
+def _cluster(cluster_type: type[MemoryCluster] = MemoryCluster) -> MemoryCluster:
+    cluster = cluster_type()
     cluster.add_node(gpu_node("n1", parse_layout("1x16GiB", "n1")))
     return cluster
 
@@ -65,3 +67,88 @@ def test_the_writer_marks_in_the_background_and_flushes():
 
     for name in ("a", "b"):
         assert annotation.decode(cluster.get_pod("default", name)).assigned
+
+
+class _BusyCluster(MemoryCluster):
+    """Another writer changes the pod just before each of our conditional patches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tries = 0
+
+    def patch_pod_annotations(self, namespace, name, annotations, resource_version=None):
+        if resource_version is not None:
+            self.tries += 1
+            super().patch_pod_annotations(namespace, name, {"other-writer": str(self.tries)})
+        return super().patch_pod_annotations(namespace, name, annotations, resource_version)
+
+
+def _mark(allocation):
+    return allocation.with_assigned(["main"])
+
+
+def test_a_pod_changed_before_every_patch_is_given_up_after_five_tries(caplog):
+    cluster = _cluster(_BusyCluster)
+    bound = _bound(cluster, "p")
+
+    with caplog.at_level(logging.WARNING, logger="gpushare.deviceplugin"):
+        assert patch_allocation(cluster, bound, _mark) is None
+
+    assert cluster.tries == 5
+    assert not annotation.decode(cluster.get_pod("default", "p")).assigned
+    assert caplog.messages == ["gave up updating the allocation of default/p after 5 conflicts"]
+
+
+def test_an_allocation_that_cannot_be_read_is_left_as_it_is(caplog):
+    cluster = _cluster()
+    _bound(cluster, "p")
+    broken = cluster.patch_pod_annotations("default", "p", {annotation.ALLOCATION: "{oops"})
+
+    with caplog.at_level(logging.WARNING, logger="gpushare.deviceplugin"):
+        assert patch_allocation(cluster, broken, _mark) is None
+
+    assert cluster.get_pod("default", "p").metadata.annotations[annotation.ALLOCATION] == "{oops"
+    [message] = caplog.messages
+    assert message.startswith(
+        "cannot update the allocation of default/p: gpushare.io/allocation is not a JSON object: "
+    )
+
+
+def test_a_repair_that_moves_a_container_rewrites_every_key_of_the_allocation():
+    cluster = _cluster()
+    bound = _bound(cluster, "p")
+    assert bound.metadata.annotations[annotation.ACK_MEM_IDX] == "0"
+
+    def to_gpu_1(allocation):
+        [main] = allocation.containers
+        moved = tuple(s.model_copy(update={"index": 1}) for s in main.gpus)
+        return allocation.model_copy(
+            update={"containers": (main.model_copy(update={"gpus": moved}),)}
+        )
+
+    patched = patch_allocation(cluster, bound, to_gpu_1)
+
+    assert patched is not None
+    assert patched.metadata.annotations[annotation.ACK_MEM_IDX] == "1"
+    assert [s.index for s in annotation.decode(patched).containers[0].gpus] == [1]
+
+
+def test_marking_a_pod_acks_scheduler_placed_leaves_its_placement_keys_alone():
+    cluster = _cluster()
+    cluster.create_pod(pod("ack", mem=3))
+    ack_keys = {
+        annotation.ACK_MEM_IDX: "0",
+        annotation.ACK_MEM_POD: "3",
+        annotation.ACK_MEM_DEV: "16",
+        annotation.ACK_ASSUME_TIME: "1700000000000000000",
+        annotation.ACK_ASSIGNED: "false",
+    }
+    cluster.bind_pod("default", "ack", "n1", annotations=ack_keys)
+
+    patched = patch_allocation(cluster, cluster.get_pod("default", "ack"), _mark)
+
+    assert patched is not None
+    written = patched.metadata.annotations
+    assert {key: written[key] for key in ack_keys} == {**ack_keys, annotation.ACK_ASSIGNED: "true"}
+    assert annotation.ACK_V2_ALLOCATION not in written
+    assert annotation.decode(patched).assigned

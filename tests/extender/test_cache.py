@@ -375,3 +375,15 @@ def test_a_default_policy_not_in_the_registry_is_refused_by_name():
         ValueError, match=r"^default policy 'tetris' is not among the policies given$"
     ):
         SchedulerCache("tetris")
+
+
+def test_a_fresh_cache_takes_watch_events_before_any_listing():
+    cache = SchedulerCache()
+    cache.apply_node(EventType.ADDED, node("n", "1x16GiB"))
+    cache.apply_node(EventType.ADDED, unreadable("b"))
+    cache.apply_pod(EventType.ADDED, pod("bad", mem=1, annotations={"gpushare.io/allocation": "{"}))
+    assert refusal(cache, 16) == ""
+    assert (
+        "gpushare.io/gpus is malformed" in cache.answers(request(mem=1), None, ["b"]).entries[0][3]
+    )
+    assert "not a JSON object" in cache.pod_problem("default/bad")

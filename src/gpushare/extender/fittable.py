@@ -66,24 +66,23 @@ class Answers:
     def patched(self, changes: list[tuple[int, _Entry]]) -> "Answers":
         """A copy with entries replaced at these positions, keeping what they leave as it was."""
         entries = list(self.entries)
-        olds = [entries[i] for i, _ in changes]
-        for i, entry in changes:
-            entries[i] = entry
+        swaps = [(i, entries[i], new) for i, new in changes]
+        for i, new in changes:
+            entries[i] = new
         copy = Answers(entries)
         for part, blocks in self._blocks.items():
-            pairs = zip(changes, olds, strict=True)
-            moved = [i for (i, new), old in pairs if new[part] != old[part]]
+            moved = [i for i, old, new in swaps if new[part] != old[part]]
             if not moved:
                 copy._blocks[part] = blocks
                 if part in self._joined:
-                    copy._joined[part] = self._joined[part]
+                    copy._joined[part] = self._joined[part]  # pragma: no mutate: saves a join
                 continue
             copy._blocks[part] = list(blocks)
             for i in moved:
                 copy._blocks[part][i // _BLOCK] = None
         if self._rules is not None:
             rules = dict(self._rules)
-            for (_, new), old in zip(changes, olds, strict=True):
+            for _, old, new in swaps:
                 for rule, step in ((old[_RULE], -1), (new[_RULE], 1)):
                     if rule is not None:
                         rules[rule] = rules.get(rule, 0) + step

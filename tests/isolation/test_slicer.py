@@ -2,8 +2,11 @@
 
 from gpushare.isolation.clock import SimulatedClock
 from gpushare.isolation.policy import GpuSettings, Policy
-from gpushare.isolation.slicer import NodeSlicer
+from gpushare.isolation.roster import ContainerRoster
+from gpushare.isolation.settings import SettingsStore
+from gpushare.isolation.slicer import NodeSlicer, tenants
 from gpushare.isolation.timeslice import Tenant
+from tests.isolation.parts import Saved, observed, process
 
 PREEMPTIVE = GpuSettings(Policy.PREEMPTIVE)
 
@@ -26,3 +29,22 @@ def test_native_gpus_freeze_nobody():
     slicer = NodeSlicer([0], 0.1, clock.now)
     gpus = {0: (GpuSettings(Policy.NATIVE), [Tenant("a"), Tenant("b")])}
     assert slicer.frozen(gpus) == frozenset()
+
+
+def test_each_gpus_scheduler_sees_its_containers_settings_and_what_they_did():
+    settings = SettingsStore([0], Saved(), default_policy=Policy.SOFT, max_inst=4, prio_ratio=50)
+    roster = ContainerRoster([0], forget_after_s=60, util_window_s=5)
+    containers = {
+        "busy": observed("busy", process(1, sm=50.0), weight=3, core=(30,)),
+        "quiet": observed("quiet", process(2, sm=0.0), weight=2, high_priority=True),
+        "off": observed("off", process(3), disabled=True),
+    }
+    for c in containers.values():
+        settings.join(0, c)
+    roster.update(0.0, 0.0, containers, frozenset())
+    roster.update(2.0, 2.0, containers, frozenset())
+
+    assert tenants(0, settings, roster) == [
+        Tenant("busy", weight=3, core_percent=30, active=True, used_s=1.0),
+        Tenant("quiet", weight=1, high_priority=True, active=False, used_s=0.0),
+    ]

@@ -105,7 +105,7 @@ def test_preemptive_leaves_idle_containers_thawed_so_their_new_work_is_seen():
     decided = scheduler.next_slice(
         GpuSettings(Policy.PREEMPTIVE), [Tenant("a"), Tenant("b", active=False)]
     )
-    assert decided.owner == "a"
+    assert (decided.kind, decided.owner) == (SliceKind.TURN, "a")
     assert decided.runs == {"a", "b"}
 
 
@@ -137,6 +137,12 @@ def test_fixed_percentages_hold_and_the_remainder_stays_idle():
     shares = simulate(gpu, tenants)
     assert shares["a"] == pytest.approx(0.30, abs=0.01)
     assert shares["b"] == pytest.approx(0.50, abs=0.01)
+
+
+def test_fixed_gives_a_container_without_a_percentage_its_weight_of_max_inst():
+    gpu = GpuSettings(Policy.FIXED, max_inst=4)
+    tenants = [Tenant("pct", core_percent=30), Tenant("w", weight=2)]
+    assert promised_shares(gpu, tenants) == pytest.approx({"pct": 0.30, "w": 0.5}, abs=1e-9)
 
 
 def test_fixed_does_not_hand_an_idle_containers_percentage_to_others():
@@ -252,6 +258,8 @@ def test_a_container_without_weight_gets_no_compute(policy):
     shares = simulate(GpuSettings(policy), tenants, seconds=5)
     assert shares["starved"] == 0.0
     assert promised_shares(GpuSettings(policy), tenants)["starved"] == 0.0
+    resting = [*tenants, Tenant("resting", weight=0, core_percent=50, active=False)]
+    assert promised_shares(GpuSettings(policy), resting)["resting"] == 0.0
 
 
 def test_high_priority_preempts_up_to_prio_ratio_while_it_has_work():
@@ -352,6 +360,16 @@ def test_the_promise_counts_an_idle_container_as_if_it_had_work():
     gpu = GpuSettings(Policy.WEIGHTED)
     tenants = [Tenant("a", weight=1), Tenant("b", weight=3, active=False)]
     assert promised_shares(gpu, tenants) == pytest.approx({"a": 1.0, "b": 0.75})
+
+
+def test_the_promise_to_an_idle_container_wakes_only_that_one():
+    gpu = GpuSettings(Policy.WEIGHTED)
+    tenants = [
+        Tenant("a", weight=1),
+        Tenant("b", weight=3, active=False),
+        Tenant("c", weight=4, active=False),
+    ]
+    assert promised_shares(gpu, tenants) == pytest.approx({"a": 1.0, "b": 0.75, "c": 0.8})
 
 
 def test_slice_length_must_be_positive():

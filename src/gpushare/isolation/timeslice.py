@@ -197,26 +197,25 @@ class TimeSliceScheduler:
 def normal_shares(settings: GpuSettings, normal: Sequence[Tenant]) -> dict[str, float]:
     """How the normal (not high-priority) containers split the time left to them.
 
-    Keys are container IDs, plus IDLE for time the policy leaves unused. Only
-    containers holding weight take part; the fractions add up to 1 (or are empty
-    when a work-conserving policy has nobody with work).
+    `normal`: those holding weight (the others take no part). Keys are container IDs,
+    plus IDLE for time the policy leaves unused; the fractions add up to 1 (or are
+    empty when a work-conserving policy has nobody with work).
     """
     policy = settings.policy
-    holders = [t for t in normal if t.weight > 0]
     if policy is Policy.FAIR_SHARE:
-        slots = holders[: settings.max_inst]
+        slots = normal[: settings.max_inst]
         shares = {t.id: 1 / settings.max_inst for t in slots}
         return _with_idle(shares)
     if policy is Policy.FIXED:
         wanted = {
             t.id: (t.core_percent / 100 if t.core_percent else t.weight / settings.max_inst)
-            for t in holders
+            for t in normal
         }
         total = sum(wanted.values())
-        if total > 1:
+        if total > 1:  # pragma: no mutate: scaling by a total of exactly 1 changes nothing
             wanted = {key: value / total for key, value in wanted.items()}
         return _with_idle(wanted)
-    active = [t for t in holders if t.active]
+    active = [t for t in normal if t.active]
     return _split(policy, active)
 
 

@@ -248,15 +248,17 @@ def test_on_a_gpu_of_many_small_pods_the_choice_still_makes_room_at_least_cost()
 
 
 def test_out_of_its_step_budget_a_gpu_takes_the_cheapest_pods_then_spares_what_it_can():
-    # s1-s4 (1 GiB, priority 0), filler (4 GiB) and big (8 GiB) of priority 1; 10 GiB
-    # needed. Cheapest first: s1-s4, filler, big (16 GiB); then, dearest first, filler
-    # (12 GiB without it), s4 (11) and s3 (10) can stay: s1, s2 and big go.
-    state = node_state("1x16GiB")
+    # A full 24 GiB GPU: s1-s4 (1 GiB, priority 0); filler (4 GiB), big and huge (8 GiB)
+    # of priority 1; 10 GiB needed. Cheapest first: s1-s4, filler, big (16 GiB: enough,
+    # huge is spared); then, dearest first, filler (12 GiB without it), s4 (11) and s3
+    # (10) can stay: s1, s2 and big go.
+    state = node_state("1x24GiB")
     for i in range(1, 5):
         put(state, f"s{i}", 0, 1)
     put(state, "filler", 0, 4)
     put(state, "big", 0, 8)
-    priorities = {"filler": 1, "big": 1} | {f"s{i}": 0 for i in range(1, 5)}
+    put(state, "huge", 0, 8)
+    priorities = {"filler": 1, "big": 1, "huge": 1} | {f"s{i}": 0 for i in range(1, 5)}
     assert victims(state, request(mem=10), priorities) == {"big", "filler"}
     with mock.patch.object(preemption, "COVER_BUDGET", 1):
         assert victims(state, request(mem=10), priorities) == {"s1", "s2", "big"}

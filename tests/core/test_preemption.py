@@ -101,6 +101,18 @@ def test_compute_must_be_freed_as_well_as_memory():
     assert victims(state, req, {"mem-heavy": 0, "core-heavy": 1}) == {"core-heavy"}
 
 
+def test_a_pod_freeing_exactly_the_compute_needed_is_enough():
+    # 70% asked. GPU 0 has 10% free: core-heavy frees the 60% missing, exactly. GPU 1 has
+    # 30% free: both of its pods would have to go.
+    state = node_state("2x16GiB", mode=NodeMode.CORE_MEM)
+    put(state, "core-heavy", 0, 4, 60)
+    put(state, "stays", 0, 4, 30)
+    put(state, "c1", 1, 4, 35)
+    put(state, "c2", 1, 4, 35)
+    req = request(mem=4, core=70)
+    assert victims(state, req, {"core-heavy": 0, "c1": 0, "c2": 0}) == {"core-heavy"}
+
+
 def test_a_place_on_a_full_gpu_is_freed_by_the_cheapest_pod():
     state = node_state("1x16GiB", max_pods_per_gpu=2)
     put(state, "a", 0, 2)

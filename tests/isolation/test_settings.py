@@ -42,6 +42,20 @@ def test_the_policy_follows_the_containers_until_one_is_written():
     assert s.settings(1).policy is Policy.NATIVE
 
 
+def test_the_policy_that_follows_the_containers_is_logged_once_per_change(caplog):
+    s = store()
+    with caplog.at_level(logging.INFO, logger="gpushare.isolation"):
+        s.settings(0)
+        s.settings(0)
+        s.join(0, observed("a", core=(30,)))
+        s.settings(0)
+        s.settings(0)
+    assert caplog.messages == [
+        "GPU 0 runs policy 5 (native): no container carries a compute percentage",
+        "GPU 0 runs policy 3 (fixed): its containers carry a compute percentage",
+    ]
+
+
 def test_an_accepted_write_is_saved_and_a_refused_one_is_not(caplog):
     saved = Saved()
     s = store(saved)

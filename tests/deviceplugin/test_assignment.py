@@ -1,6 +1,7 @@
 """Writing `assigned` back: resourceVersion preconditions and retries on Conflict."""
 
 import logging
+import threading
 
 from gpushare import annotation
 from gpushare.deviceplugin.assignment import AssignmentWriter, patch_allocation
@@ -152,3 +153,67 @@ def test_marking_a_pod_acks_scheduler_placed_leaves_its_placement_keys_alone():
     assert {key: written[key] for key in ack_keys} == {**ack_keys, annotation.ACK_ASSIGNED: "true"}
     assert annotation.ACK_V2_ALLOCATION not in written
     assert annotation.decode(patched).assigned
+
+
+class _SlowCluster(MemoryCluster):
+    """Each patch waits until the test lets it through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = threading.Event()
+        self.release = threading.Event()
+
+    def patch_pod_annotations(self, *args, **kwargs):
+        self.writing.set()
+        assert self.release.wait(5)
+        return super().patch_pod_annotations(*args, **kwargs)
+
+
+def test_flush_waits_for_a_write_under_way():
+    cluster = _cluster(_SlowCluster)
+    writer = AssignmentWriter(cluster)
+    writer.start()
+    try:
+        writer.queue(_bound(cluster, "a"), "main")
+        writer.wake()
+        assert cluster.writing.wait(5)
+        assert not writer.flush(0.1)
+        cluster.release.set()
+        assert writer.flush(5)
+        assert annotation.decode(cluster.get_pod("default", "a")).assigned
+    finally:
+        cluster.release.set()
+        writer.stop()
+
+
+class _FailingOnceCluster(MemoryCluster):
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def patch_pod_annotations(self, *args, **kwargs):
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("connection reset")
+        return super().patch_pod_annotations(*args, **kwargs)
+
+
+def test_a_batch_that_fails_is_logged_and_the_writer_goes_on(caplog):
+    cluster = _cluster(_FailingOnceCluster)
+    writer = AssignmentWriter(cluster)
+    writer.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="gpushare.deviceplugin"):
+            writer.queue(_bound(cluster, "a"), "main")
+            writer.wake()
+            assert writer.flush(5)
+        writer.queue(_bound(cluster, "b"), "main")
+        writer.wake()
+        assert writer.flush(5)
+    finally:
+        writer.stop()
+
+    assert caplog.messages == ["marking containers assigned failed"]
+    assert "RuntimeError: connection reset" in caplog.text
+    assert not annotation.decode(cluster.get_pod("default", "a")).assigned
+    assert annotation.decode(cluster.get_pod("default", "b")).assigned

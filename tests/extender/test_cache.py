@@ -131,6 +131,8 @@ def test_results_are_reused_until_the_node_changes():
     assert answer(cache, 10) is first
     assume(cache, "p", 10)
     assert "[insufficient-gpu-memory]" in refusal(cache, 10)
+    smaller = cache.answers(request(mem=4), None, ["n"])  # a shape first asked after the change
+    assert cache.answers(request(mem=4), None, ["n"]) is smaller
 
 
 def test_a_node_status_update_that_changes_nothing_keeps_the_results():
@@ -378,12 +380,58 @@ def test_a_default_policy_not_in_the_registry_is_refused_by_name():
 
 
 def test_a_fresh_cache_takes_watch_events_before_any_listing():
-    cache = SchedulerCache()
+    cache = SchedulerCache(served_schedulers=("gpushare-scheduler",))
     cache.apply_node(EventType.ADDED, node("n", "1x16GiB"))
     cache.apply_node(EventType.ADDED, unreadable("b"))
     cache.apply_pod(EventType.ADDED, pod("bad", mem=1, annotations={"gpushare.io/allocation": "{"}))
+    cache.apply_pod(EventType.ADDED, unserved_pods(1)[0])
     assert refusal(cache, 16) == ""
     assert (
         "gpushare.io/gpus is malformed" in cache.answers(request(mem=1), None, ["b"]).entries[0][3]
     )
     assert "not a JSON object" in cache.pod_problem("default/bad")
+    assert cache.take_unserved() == [("default/p0", "u0", "nobody-scheduler")]
+
+
+def test_synced_once_both_nodes_and_pods_were_listed():
+    cache = SchedulerCache()
+    assert not cache.synced
+    cache.replace_pods([])
+    assert not cache.synced
+    cache.replace_nodes([])
+    assert cache.synced
+
+
+def test_a_listing_without_pods_waiting_asks_for_no_nudge():
+    cache = SchedulerCache(served_schedulers=("gpushare-scheduler",))
+    cache.replace_nodes([node("n", "1x16GiB")])
+    cache.replace_pods([pod("elsewhere", mem=1, node="n")])
+    assert cache.take_listed_waiting() is False
+
+
+def test_with_a_ttl_of_zero_an_unconfirmed_reservation_goes_at_the_first_expiry():
+    cache = SchedulerCache(assume_ttl_s=0, clock=Clock())
+    cache.replace_nodes([node("n", "1x16GiB")])
+    cache.replace_pods([])
+    assume(cache, "p", 10)
+    assert cache.expire() == ["default/p"]
+    assert used(cache) == 0
+
+
+def test_answers_of_the_last_64_request_shapes_are_kept():
+    cache = started()
+    first = cache.answers(request(mem=1), None, ["n"])
+    for mem in range(2, 65):  # 63 more shapes
+        cache.answers(request(mem=mem), None, ["n"])
+    assert cache.answers(request(mem=1), None, ["n"]) is first
+    for mem in range(65, 129):  # 64 more: the first is the least recently used
+        cache.answers(request(mem=mem), None, ["n"])
+    assert cache.answers(request(mem=1), None, ["n"]) is not first
+
+
+def test_an_empty_candidate_list_asked_again_after_a_change_is_still_empty():
+    cache = started()
+    assert cache.answers(request(mem=1), None, ["n"]).passed_json() == '["n"]'
+    assert cache.answers(request(mem=1), None, []).passed_json() == "[]"
+    assume(cache, "p", 10)  # n changed
+    assert cache.answers(request(mem=1), None, []).passed_json() == "[]"

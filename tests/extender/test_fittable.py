@@ -58,3 +58,21 @@ def test_no_candidates():
     empty = Answers([])
     assert (empty.passed_json(), empty.failed_json(), empty.priorities_json()) == ("[]", "{}", "[]")
     assert empty.rules() == {}
+
+
+def passing(name: str) -> tuple:
+    key = f'"{name}"'
+    return (key, None, None, None, f'{{"Host":{key},"Score":5}}')
+
+
+def test_a_rule_a_patch_brings_in_is_counted_once():
+    answers = Answers([passing("a"), passing("b")])
+    assert answers.rules() == {}
+    refused = (None, "insufficient-gpu-memory", '"b":"needs 4 GiB"', None, '{"Host":"b","Score":0}')
+    assert answers.patched([(1, refused)]).rules() == {"insufficient-gpu-memory": 1}
+
+
+def test_an_answer_over_many_blocks_is_one_json_array():
+    names = [f"n{i}" for i in range(300)]
+    answers = Answers([passing(n) for n in names])
+    assert answers.passed_json() == "[" + ",".join(f'"{n}"' for n in names) + "]"

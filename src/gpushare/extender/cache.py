@@ -133,7 +133,7 @@ class SchedulerCache:
         self._freed: set[str] = set()
         self._listed_waiting = False
         """Set when a listing added waiting pods to `refused` (see _note_waiting)."""
-        self.on_capacity_freed: Callable[[], None] = lambda: None
+        self.on_capacity_freed: Callable[[], None] = lambda: None  # pragma: no mutate: no-op
         """Called (with the lock held) when room appeared on a node while pods wait in
         `refused`: the requeue worker's wake-up (extender.requeue)."""
         self.served_schedulers = served_schedulers
@@ -143,7 +143,7 @@ class SchedulerCache:
         """Unbound pods asking for our resources under a schedulerName neither ours nor
         the default scheduler's, not told about yet: key → (UID, schedulerName)."""
         self._noticed: OrderedDict[str, None] = OrderedDict()
-        self.on_unserved: Callable[[], None] = lambda: None
+        self.on_unserved: Callable[[], None] = lambda: None  # pragma: no mutate: no-op
         """Called (with the lock held) when a pod joins `unserved`: the wake-up of the
         worker that posts their events (extender.unserved)."""
         self._nodes_synced = False

@@ -240,8 +240,8 @@ class Fragmentation:
             if not count:
                 continue
             for p, cpu, _ in group.members:
-                if cpu and cpu_free // cpu < count:
-                    total += p * (count - cpu_free // cpu) * each
+                if cpu:
+                    total += p * max(count - cpu_free // cpu, 0) * each
         if len(self._stranded) >= MEMO_LIMIT:  # pragma: no mutate: a bound on memory only
             self._stranded.clear()
         self._stranded[key] = total  # pragma: no mutate: a memo: a miss only computes again

@@ -111,6 +111,9 @@ def test_fgd_lookahead_adds_the_stranded_gpu_and_the_next_pods_change_of_f():
     policy = LookaheadFgdPolicy(Workload(((task, 1.0),)))
     view = slice_of_400_on_gpu_0(gpus=2).view()
     t4, gpus = models(view), devices(view)
+    # 2.5 CPUs: the task fits before and after the next pod (F = 0), 3 of 5 copies are
+    # stranded (900).
+    assert policy.waste(t4, 2500, gpus) == pytest.approx(0.15 * 900)
     # 1.5 CPUs: the task fits (F = 0), 4 of its 5 copies are stranded (1200), and the
     # next one leaves too little CPU for another: F = 1300 after it.
     assert policy.waste(t4, 1500, gpus) == pytest.approx(0.15 * 1200 + 0.5 * 1300)

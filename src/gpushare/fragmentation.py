@@ -237,8 +237,6 @@ class Fragmentation:
             copies = self._copies[ordered] = tuple(g.copies(ordered) for g in self._groups)
         total = 0.0
         for group, (count, each) in zip(self._groups, copies, strict=True):
-            if not count:
-                continue
             for p, cpu, _ in group.members:
                 if cpu:
                     total += p * max(count - cpu_free // cpu, 0) * each

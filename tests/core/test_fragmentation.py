@@ -134,3 +134,20 @@ def test_the_typical_workload_keeps_the_popular_shapes_covering_95_percent():
     assert [s for s, _ in kept.tasks] == [a, b, c]
     assert [p for _, p in kept.tasks] == pytest.approx([50 / 95, 30 / 95, 15 / 95])
     assert len(Workload.typical({a: 50, b: 30, c: 14, d: 6}).tasks) == 4
+
+
+def test_expected_next_counts_each_task_that_fits_by_its_own_cpu():
+    # 300 milli with 2 CPUs (.5) and 300 milli asking no CPU (.5); GPUs with 600 and 1000
+    # free (G = 1600), 1 CPU left. F = .5 * 1600 (the first does not fit). The first
+    # cannot come next (F stays); the second lands anywhere: G = 1300, F = .5 * 1300.
+    with_cpu = TaskShape(gpus=1, mem=300, core=300, cpu_milli=2000)
+    workload = Workload(((with_cpu, 0.5), (TaskShape(gpus=1, mem=300, core=300), 0.5)))
+    frag = Fragmentation(workload)
+    state = milli_node(gpus=2, cpu=3000)
+    result = evaluate(state.view(), sharing(400, cpu=2000), BestFitPolicy())
+    assert isinstance(result, Placement)
+    state.add("a", to_allocation(sharing(400, cpu=2000), result.assignment, state.inventory, T0))
+    models_, _, gpus = parts(state)
+    assert frag.expected_next(models_, 1000, gpus) == pytest.approx(0.5 * 800 + 0.5 * 650)
+    # With exactly 2 CPUs left the first fits (F = 0) and leaves none: F = .5 * 1300 then.
+    assert frag.expected_next(models_, 2000, gpus) == pytest.approx(0.5 * 650)

@@ -83,7 +83,7 @@ class NodeState:
         self._start(inventory)
 
     def _start(self, inventory: NodeGpus) -> None:
-        self._view: NodeView | None = None
+        self._view: NodeView | None = None  # pragma: no mutate: _changed() sets it below
         self.inventory = inventory
         self.pods: dict[str, PodAllocation] = {}
         self._loads = {gpu.index: _GpuLoad() for gpu in inventory.gpus}

@@ -435,3 +435,17 @@ def test_an_empty_candidate_list_asked_again_after_a_change_is_still_empty():
     assert cache.answers(request(mem=1), None, []).passed_json() == "[]"
     assume(cache, "p", 10)  # n changed
     assert cache.answers(request(mem=1), None, []).passed_json() == "[]"
+
+
+def test_a_relisting_of_the_nodes_nudges_the_pods_refused_everywhere():
+    cache = started()
+    assume(cache, "big", 16)
+    assert cache.filter("default/p", "uid-p", request(mem=8), None, ["n"]).fits_nowhere()
+    cache.replace_nodes([node("n", "1x16GiB")])  # what changed while the watch was away: unknown
+    assert cache.take_requeue(10) == ({"n"}, [("default/p", "uid-p")])
+
+
+def test_the_same_candidates_sent_again_get_the_answer_already_made():
+    cache = started()
+    first = cache.answers(request(mem=4), None, ["n"])
+    assert cache.answers(request(mem=4), None, ["n"]) is first

@@ -29,8 +29,7 @@ class BestFitPolicy(PlacementPolicy):
     def score(self, view: NodeView, request: PodRequest, assignment: Assignment) -> float:
         gpu_left = sum(d[0] for d in devices_after(view, assignment))
         # Summed in the paper simulator's order (CPU, then GPU), so truncation agrees.
-        waste = 0.0
-        if view.cpu_free is not None:
-            waste += (view.cpu_free - (request.cpu_milli or 0)) / CPU_SCALE * 0.5
+        cpu_left = None if view.cpu_free is None else view.cpu_free - (request.cpu_milli or 0)
+        waste = 0.0 if cpu_left is None else cpu_left / CPU_SCALE * 0.5
         waste += gpu_left / GPU_SCALE * 0.5
         return float(min(max(math.floor((1.0 - waste) * 100), 0), 100))

@@ -3,11 +3,12 @@ the same evaluate() the extender calls, and learning the workload online."""
 
 import pytest
 
+from gpushare.bestfit import BestFitPolicy
 from gpushare.fgd import FgdPolicy
 from gpushare.fragmentation import Fragmentation, devices, models
 from gpushare.lookahead import LookaheadFgdPolicy
 from gpushare.placement import Placement, evaluate, to_allocation
-from gpushare.policies import OUR_POLICY, POLICIES, policy_named
+from gpushare.policies import OUR_POLICY, POLICIES, BinpackPolicy, SpreadPolicy, policy_named
 from gpushare.state import NodeState
 from gpushare.workload import PRIOR, LearnedWorkload, TaskShape, Workload
 from tests.builders import T0, node_state, request
@@ -251,3 +252,21 @@ def test_every_registered_policy_places_on_kubernetes_nodes(name, req):
     for gpu in view.gpus:
         mem, core = added.get(gpu.index, (0, 0))
         assert mem <= gpu.mem_free and core <= gpu.core_free
+
+
+def test_bestfit_on_kubernetes_nodes_scores_the_gpu_left_in_fractions_of_a_gpu():
+    # 12 of 16 GiB and 16 of 16 left: 750 + 1000 milli-GPU; CPU not tracked.
+    # floor(100 * (1 - 1750 / 8000 / 2)) = floor(89.06)
+    result = evaluate(node_state("2x16GiB").view(), request(mem=4), BestFitPolicy())
+    assert isinstance(result, Placement) and result.score == 89
+
+
+def test_spread_takes_the_gpu_with_the_most_compute_left_among_equally_empty_ones():
+    state = node_state("2x16GiB", mode="core_mem")
+    place(state, request(mem=4, core=50), BinpackPolicy(), "a")
+    place(state, request(mem=4, core=10), SpreadPolicy(), "b")
+    assert (state.used(0)[:2], state.used(1)[:2]) == ((4, 50), (4, 10))
+    result = place(state, request(mem=2, core=10), SpreadPolicy(), "c")
+    assert result.assignment.gpus == ((1,),)
+    # The score is the share of the node's memory left free: 22 of 32 GiB.
+    assert result.score == pytest.approx(100 * 22 / 32)

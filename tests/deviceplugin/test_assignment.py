@@ -217,3 +217,28 @@ def test_a_batch_that_fails_is_logged_and_the_writer_goes_on(caplog):
     assert "RuntimeError: connection reset" in caplog.text
     assert not annotation.decode(cluster.get_pod("default", "a")).assigned
     assert annotation.decode(cluster.get_pod("default", "b")).assigned
+
+
+class _Fatal(BaseException):
+    """An error no loop catches (as MemoryError or an interpreter exit would be)."""
+
+
+class _FatalCluster(MemoryCluster):
+    def patch_pod_annotations(self, *args, **kwargs):
+        raise _Fatal("out of memory")
+
+
+def test_a_writer_thread_that_dies_says_so_by_name(caplog):
+    cluster = _cluster(_FatalCluster)
+    writer = AssignmentWriter(cluster)
+    with caplog.at_level(logging.CRITICAL, logger="gpushare.deviceplugin"):
+        writer.start()
+        writer.queue(_bound(cluster, "a"), "main")
+        writer.wake()
+        assert writer.flush(5)
+        writer.stop()
+
+    assert caplog.messages == [
+        "background thread assignment-writer died; what it keeps current stays as it is "
+        "until the plugin restarts"
+    ]

@@ -1,5 +1,7 @@
 """One node's running totals: what placement sees after pods come and go."""
 
+from dataclasses import replace
+
 from gpushare.placement import Placement, evaluate, to_allocation
 from gpushare.policies import BinpackPolicy
 from tests.builders import T0, node_state, request
@@ -21,3 +23,29 @@ def test_a_pod_added_again_is_charged_once():
     assert state.view().gpus[0].mem_free == 12
     state.remove("default/a")
     assert state.used(0) == (0, 0, 0) and state.view().gpus[0].mem_free == 16
+
+
+def test_a_gpu_the_node_stops_reporting_leaves_the_pods_charge_on_the_others():
+    state = node_state("2x16GiB")
+    split = request(mem=8, labels={"aliyun.com/gpu-count": "2"})
+    result = evaluate(state.view(), split, BinpackPolicy())
+    assert isinstance(result, Placement)
+    state.add("default/split", to_allocation(split, result.assignment, state.inventory, T0))
+    first_gone = replace(state.inventory, gpus=state.inventory.gpus[1:])
+    state.replace_inventory(first_gone)
+    assert state.used(1) == (4, 0, 1)
+    assert [g.mem_free for g in state.view().gpus] == [12]
+    state.remove("default/split")
+    assert state.used(1) == (0, 0, 0)
+
+
+def test_a_whole_gpu_given_to_a_pod_takes_no_shared_pod():
+    state = node_state("1x16GiB")
+    whole = request(count=1)
+    result = evaluate(state.view(), whole, BinpackPolicy())
+    assert isinstance(result, Placement)
+    state.add("default/whole", to_allocation(whole, result.assignment, state.inventory, T0))
+    gpu = state.view().gpus[0]
+    assert (gpu.usable, gpu.whole, gpu.mem_free, gpu.slots) == (False, False, 0, 0)
+    state.remove("default/whole")
+    assert state.view().gpus[0].usable

@@ -172,7 +172,7 @@ class SchedulerCache:
         with self._lock:
             # Let go of the old allocations before decoding the new ones: 100,000 pods
             # otherwise briefly need both (bench/scale_bench.py: peak 1.2 GiB, not 0.9).
-            self._state = ClusterState()
+            self._state = ClusterState()  # pragma: no mutate: frees early; _rebuild makes it
             self._fits.clear()
             self._pods = {}
             self._pod_problems = {}

@@ -92,9 +92,14 @@ def limits_from_env(env: Mapping[str, str]) -> ContainerLimits | None:
         dev_mem_gib=_ints(env, MEM_DEV) or (0,) * count,
         core_percent=_ints(env, CORE_PERCENTAGE) or (0,) * count,
         weight=_ints(env, SCHD_WEIGHT)[0] if env.get(SCHD_WEIGHT) else DEFAULT_WEIGHT,
-        high_priority=env.get(HIGH_PRIO, "0").strip().lower() in ("1", "true"),
-        isolation_disabled=env.get(CGPU_DISABLE, "").strip().lower() in ("1", "true"),
+        high_priority=_flag(env.get(HIGH_PRIO)),
+        isolation_disabled=_flag(env.get(CGPU_DISABLE)),
     )
+
+
+def _flag(value: str | None) -> bool:
+    """ACK's switches: on when "1" or "true" in any case, off otherwise or unset."""
+    return value is not None and value.strip().lower() in ("1", "true")
 
 
 def _spec_env(pod: Pod, container: ContainerAllocation) -> dict[str, str]:

@@ -94,3 +94,77 @@ def test_processes_gpushare_did_not_start_have_no_limits():
 def test_a_malformed_variable_is_named():
     with pytest.raises(ValueError, match="ALIYUN_COM_GPU_MEM_CONTAINER"):
         env.limits_from_env({"ALIYUN_COM_GPU_MEM_CONTAINER": "two"})
+
+
+def test_whole_gpus_carry_no_compute_percentage():
+    """An exclusive container is not time-sliced: 0 is no compute cap."""
+    whole = pod("w", count=2)
+    allocation = allocated(whole)
+    variables = env.container_env(whole, allocation, allocation.containers[0], False)
+    assert variables[env.CORE_PERCENTAGE] == "0,0"
+
+
+def test_an_init_container_gets_its_own_weight_and_priority():
+    init = container("warmup", mem=2)
+    init["env"] = [
+        {"name": "ALIYUN_COM_GPU_SCHD_WEIGHT", "value": "3"},
+        {"name": "ALIYUN_COM_GPU_HIGH_PRIO", "value": "true"},
+    ]
+    p = pod("staged", containers=[container("main", mem=2)], init_containers=[init])
+    allocation = allocated(p)
+    warmup = next(c for c in allocation.containers if c.name == "warmup")
+    variables = env.container_env(p, allocation, warmup, False)
+    assert variables["ALIYUN_COM_GPU_SCHD_WEIGHT"] == "3"
+    assert variables["ALIYUN_COM_GPU_HIGH_PRIO"] == "true"
+
+
+@pytest.mark.parametrize("index", [1, 5], ids=["just-past-the-end", "far-past-the-end"])
+def test_an_allocation_naming_a_container_the_spec_lacks_gets_the_defaults(index):
+    """A pod re-created with fewer containers than its allocation remembers: the
+    container still starts, with the default weight, not a crash of Allocate."""
+    spec = container("main", mem=2)
+    spec["env"] = [{"name": "ALIYUN_COM_GPU_SCHD_WEIGHT", "value": "4"}]
+    p = pod("shrunk", containers=[spec])
+    allocation = allocated(p)
+    moved = allocation.containers[0].model_copy(update={"index": index})
+    variables = env.container_env(p, allocation, moved, False)
+    assert variables["ALIYUN_COM_GPU_SCHD_WEIGHT"] == "1"
+
+
+def test_only_the_memory_variable_is_needed_and_the_rest_default():
+    limits = env.limits_from_env({"ALIYUN_COM_GPU_MEM_CONTAINER": "4,4"})
+    assert limits == env.ContainerLimits(
+        pod="",
+        container="",
+        gpu_uuids=(),
+        gpu_indices=(),
+        mem_gib=(4, 4),
+        dev_mem_gib=(0, 0),
+        core_percent=(0, 0),
+    )
+    assert limits.weight == 1 and not limits.high_priority and not limits.isolation_disabled
+
+
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [
+        ("1", True),
+        ("true", True),
+        (" TRUE ", True),
+        ("True", True),
+        ("0", False),
+        ("false", False),
+        ("", False),
+        ("yes", False),
+    ],
+)
+def test_switches_are_on_for_1_or_true_in_any_case(value, on):
+    limits = env.limits_from_env(
+        {
+            "ALIYUN_COM_GPU_MEM_CONTAINER": "4",
+            "ALIYUN_COM_GPU_HIGH_PRIO": value,
+            "CGPU_DISABLE": value,
+        }
+    )
+    assert limits is not None
+    assert limits.high_priority is on and limits.isolation_disabled is on

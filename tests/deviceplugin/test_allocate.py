@@ -4,6 +4,7 @@
 import grpc
 import pytest
 
+from gpushare.deviceplugin.allocator import AllocationRefused
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpushare.environment import (
     CGPU_DISABLE,
@@ -294,3 +295,35 @@ def test_over_grpc_the_grant_reaches_the_file_and_the_pod_is_marked(make_rig):
     assert eventually(lambda: grants.exists() and pod.metadata.uid in grants.read_text())
     assert rig.wait_assigned("served").assigned
     assert rig.plugin.journal.answered(GPU_MEM, main.device_ids[GPU_MEM])
+
+
+def test_an_allocate_without_device_ids_is_refused_saying_so(make_rig):
+    rig = make_rig(layout="1x16GiB").start()
+    pod = rig.bind("waiting", [[0]], mem=2)
+    assert eventually(lambda: rig.plugin.queue.waiting(GPU_MEM))
+
+    with pytest.raises(AllocationRefused) as refused:
+        rig.plugin.allocator.allocate(GPU_MEM, [])
+
+    assert str(refused.value) == "Allocate for aliyun.com/gpu-mem carried no device IDs"
+    failures = "gpushare_device_plugin_allocation_failures_total"
+    assert rig.plugin.metrics.value(failures, resource=GPU_MEM, reason="no-devices") == 1
+    [main] = rig.kubelet.admit(pod)
+    assert main.envs[POD] == pod.key
+
+
+def test_an_allocate_whose_call_ended_takes_no_container(make_rig):
+    rig = make_rig(layout="1x16GiB").start()
+    pod = rig.bind("waiting", [[0]], mem=2)
+    ids = sorted(rig.kubelet.devices(GPU_MEM))[:2]
+    assert eventually(lambda: rig.plugin.queue.waiting(GPU_MEM))
+
+    with pytest.raises(AllocationRefused) as refused:
+        rig.plugin.allocator.allocate(GPU_MEM, ids, active=lambda: False)
+
+    assert str(refused.value) == (
+        "the call for 2 aliyun.com/gpu-mem ended before it was answered (kubelet restart?); "
+        "no container taken"
+    )
+    [main] = rig.kubelet.admit(pod)
+    assert main.envs[POD] == pod.key

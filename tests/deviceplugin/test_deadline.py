@@ -150,8 +150,10 @@ def test_get_preferred_allocation_without_a_pod_answers_no_preference_at_the_dea
         assert _preferred(rig, _ids(rig, 4), 2) == []
 
     assert time.monotonic() - started < rig.answer_within + WAIT
-    assert "GetPreferredAllocation for 2 aliyun.com/gpu-mem on node n1: no bound pod" in caplog.text
-    assert "answering without a preference" in caplog.text
+    assert (
+        "GetPreferredAllocation for 2 aliyun.com/gpu-mem on node n1: no bound pod asks for it "
+        "after 1 s of waiting for the API watch; answering without a preference"
+    ) in caplog.messages
     metrics = rig.plugin.metrics
     assert metrics.value(TIMEOUTS, call="GetPreferredAllocation", resource=GPU_MEM) == 1
 

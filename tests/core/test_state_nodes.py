@@ -2,8 +2,12 @@
 
 from dataclasses import replace
 
+from gpushare.inventory import Gpu, NodeGpus
+from gpushare.labels import NodeMode, PlacementMode
 from gpushare.placement import Placement, evaluate, to_allocation
 from gpushare.policies import BinpackPolicy
+from gpushare.request import ContainerRequest, ContainerRole, PodRequest
+from gpushare.state import NodeState
 from tests.builders import T0, node_state, request
 
 
@@ -49,3 +53,28 @@ def test_a_whole_gpu_given_to_a_pod_takes_no_shared_pod():
     assert (gpu.usable, gpu.whole, gpu.mem_free, gpu.slots) == (False, False, 0, 0)
     state.remove("default/whole")
     assert state.view().gpus[0].usable
+
+
+def tracked_node() -> NodeState:
+    """A node as the simulator builds it: host CPU and memory tracked."""
+    gpus = tuple(Gpu(i, "", mem=1000, core=1000) for i in range(2))
+    return NodeState(
+        NodeGpus("sim", NodeMode.CORE_MEM, PlacementMode.BINPACK, gpus, 1_000, 16_000, 65_536)
+    )
+
+
+def host(cpu: int, memory: int) -> PodRequest:
+    container = ContainerRequest("main", ContainerRole.APP, 0, gpus=1, mem=100, core=100)
+    return PodRequest((container,), cpu_milli=cpu, memory_mib=memory)
+
+
+def test_host_cpu_and_memory_left_count_every_pod_and_nothing_for_pods_asking_none():
+    state = tracked_node()
+    for key, req in (("a", host(1000, 1024)), ("b", host(500, 2048)), ("c", host(0, 0))):
+        result = evaluate(state.view(), req, BinpackPolicy())
+        assert isinstance(result, Placement)
+        state.add(key, to_allocation(req, result.assignment, state.inventory, T0))
+    view = state.view()
+    assert (view.cpu_free, view.memory_free) == (14_500, 62_464)
+    state.remove("b")
+    assert (state.view().cpu_free, state.view().memory_free) == (15_000, 64_512)

@@ -449,3 +449,18 @@ def test_the_same_candidates_sent_again_get_the_answer_already_made():
     cache = started()
     first = cache.answers(request(mem=4), None, ["n"])
     assert cache.answers(request(mem=4), None, ["n"]) is first
+
+
+def test_a_deleted_pod_leaves_no_problem_and_no_nudge_behind():
+    cache = started()
+    bad = pod("bad", mem=1, annotations={"gpushare.io/allocation": "{"})
+    cache.apply_pod(EventType.ADDED, bad)
+    assume(cache, "big", 16)
+    cache.apply_pod(EventType.ADDED, pod("waiting", mem=8))
+    assert cache.filter(
+        "default/waiting", "uid-waiting", request(mem=8), None, ["n"]
+    ).fits_nowhere()
+    cache.apply_pod(EventType.DELETED, bad)
+    cache.apply_pod(EventType.DELETED, pod("waiting", mem=8))
+    assert cache.pod_problem("default/bad") is None and cluster_report(cache)["podProblems"] == {}
+    assert cache.refused_keys() == [] and cache.take_requeue(10) == (set(), [])

@@ -25,8 +25,9 @@ def test_a_pod_added_again_is_charged_once():
     state.add("default/a", allocation)  # the same pod seen again
     assert state.used(0) == (4, 0, 1)
     assert state.view().gpus[0].mem_free == 12
-    state.remove("default/a")
+    assert state.remove("default/a") == allocation
     assert state.used(0) == (0, 0, 0) and state.view().gpus[0].mem_free == 16
+    assert state.remove("default/a") is None  # gone already: nothing to free
 
 
 def test_a_gpu_the_node_stops_reporting_leaves_the_pods_charge_on_the_others():

@@ -1,6 +1,8 @@
 """Allocate and GetPreferredAllocation as the kubelet drives them
 (docs/contracts.md#allocate, docs/contracts.md#matching-allocate-to-a-container)."""
 
+import logging
+
 import grpc
 import pytest
 
@@ -111,6 +113,20 @@ def test_the_compute_answer_alone_carries_only_the_percentage(make_rig):
     assert rig.wait_assigned("c").assigned
 
 
+def test_a_container_is_marked_assigned_once_all_its_resources_are_answered(make_rig):
+    rig = make_rig(layout="1x16GiB", mode="core_mem").start()
+    rig.bind("c", [[0]], mem=2, core=30)
+    core_ids = sorted(rig.kubelet.devices(GPU_CORE))[:30]
+    mem_ids = sorted(rig.kubelet.devices(GPU_MEM))[:2]
+
+    allocate(rig, GPU_CORE, core_ids)
+    assert rig.plugin.assignments.flush(WAIT)
+    assert not rig.allocation("c").assigned
+
+    allocate(rig, GPU_MEM, mem_ids)
+    assert rig.wait_assigned("c").assigned
+
+
 def test_a_whole_gpu_container_gets_its_gpu_without_isolation(make_rig):
     rig = make_rig(layout="2x16GiB", mode="core_mem").start()
     pod = rig.bind("whole", [[1]], count=1)
@@ -205,7 +221,8 @@ def test_a_restarted_plugin_does_not_answer_assigned_containers_twice(make_rig):
     assert main.envs[MEM_IDX] == "1"
 
 
-def test_after_a_node_reboot_the_same_ids_get_the_same_answer_again(make_rig):
+def test_after_a_node_reboot_the_same_ids_get_the_same_answer_again(make_rig, caplog):
+    caplog.set_level(logging.INFO, logger="gpushare.deviceplugin")
     rig = make_rig(layout="2x16GiB").start()
     survivor = rig.bind("survivor", [[1]], mem=3)
     [main] = rig.kubelet.admit(survivor)
@@ -224,6 +241,9 @@ def test_after_a_node_reboot_the_same_ids_get_the_same_answer_again(make_rig):
         allocate(rig, GPU_MEM, other)
 
     assert dict(again.envs) == main.envs
+    answered = "Allocate 3 aliyun.com/gpu-mem -> default/survivor container main on GPU 1"
+    assert eventually(lambda: f"{answered} (asked again with the same IDs)" in caplog.messages)
+    assert caplog.messages.count(answered) == 1
 
 
 def test_answers_of_deleted_pods_are_forgotten(make_rig):

@@ -207,8 +207,7 @@ class Allocator:
             )
         except NoMatch as err:
             self._metrics.refused(resource, "no-match")
-            if deadline.budget > 0:
-                self._metrics.timed_out("Allocate", resource)
+            self._metrics.timed_out("Allocate", resource)  # take() waited until the deadline
             raise AllocationRefused(f"{err}{self._trouble()}") from None
         except QueueBusy as busy:
             self._metrics.refused(resource, "timeout")

@@ -43,7 +43,7 @@ def gpu_mem_gib(total_bytes: int, rounding: MemoryRounding = MemoryRounding.UP) 
     add one. Down is the open-source gpushare-device-plugin's `MiB / 1024`
     (T4 14, A10 22), for clusters whose pods were sized for it.
     """
-    mib = max(0, total_bytes) // _MIB
+    mib = max(0, total_bytes // _MIB)
     if rounding is MemoryRounding.DOWN:
         return mib // 1024
     return -(-mib // 1024)

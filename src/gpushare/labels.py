@@ -67,4 +67,5 @@ def isolation_disabled(mode: NodeMode | None, labels: Mapping[str, str]) -> bool
     """True when containers on this node run without cGPU isolation (CGPU_DISABLE)."""
     if mode is None or not mode.isolates_memory:
         return True
-    return labels.get(LABEL_DISABLE_ISOLATION, "").lower() == "true"
+    value = labels.get(LABEL_DISABLE_ISOLATION)
+    return value is not None and value.lower() == "true"

@@ -37,3 +37,13 @@ def test_bytes_beyond_the_last_whole_mib_do_not_add_a_gib():
 def test_no_memory_is_no_gib():
     assert gpu_mem_gib(0) == 0
     assert gpu_mem_gib(0, MemoryRounding.DOWN) == 0
+
+
+def test_one_mib_over_a_gib_counts_as_the_next_gib_up_and_not_down():
+    assert gpu_mem_gib(16 * 1024 * MIB + MIB) == 17
+    assert gpu_mem_gib(16 * 1024 * MIB + MIB, MemoryRounding.DOWN) == 16
+
+
+@pytest.mark.parametrize("total", [0, 1, MIB - 1, -MIB])
+def test_a_gpu_reporting_under_a_mib_or_nonsense_counts_as_no_memory(total):
+    assert gpu_mem_gib(total) == 0

@@ -47,3 +47,6 @@ def test_isolation_is_off_in_share_mode_or_by_label():
     assert isolation_disabled(NodeMode.SHARE, {})
     assert not isolation_disabled(NodeMode.CGPU, {})
     assert isolation_disabled(NodeMode.CGPU, {"cgpu.disable.isolation": "true"})
+    assert isolation_disabled(NodeMode.CGPU, {"cgpu.disable.isolation": "True"})
+    assert not isolation_disabled(NodeMode.CGPU, {"cgpu.disable.isolation": "false"})
+    assert not isolation_disabled(NodeMode.CGPU, {"cgpu.disable.isolation": ""})

@@ -139,7 +139,8 @@ def test_a_whole_gpu_container_gets_its_gpu_without_isolation(make_rig):
     assert main.device_ids[GPU_COUNT] == [f"{uuid}-gpu-0"]
 
 
-def test_memory_split_over_two_gpus_prefers_ids_of_both(make_rig):
+def test_memory_split_over_two_gpus_prefers_ids_of_both(make_rig, caplog):
+    caplog.set_level(logging.INFO, logger="gpushare.deviceplugin")
     rig = make_rig(layout="2x16GiB").start()
     pod = rig.bind("split", [[0, 1]], mem=8, labels={"aliyun.com/gpu-count": "2"})
 
@@ -150,6 +151,8 @@ def test_memory_split_over_two_gpus_prefers_ids_of_both(make_rig):
     ids = main.device_ids[GPU_MEM]
     assert sum(_on_gpu([i], slices[0].uuid) for i in ids) == 4
     assert sum(_on_gpu([i], slices[1].uuid) for i in ids) == 4
+    answered = "Allocate 8 aliyun.com/gpu-mem -> default/split container main on GPU 0,1"
+    assert eventually(lambda: answered in caplog.messages)
 
 
 def test_an_unmatchable_call_fails_saying_what_was_asked_and_what_waits(make_rig):

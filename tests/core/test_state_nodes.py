@@ -79,3 +79,5 @@ def test_host_cpu_and_memory_left_count_every_pod_and_nothing_for_pods_asking_no
     assert (view.cpu_free, view.memory_free) == (14_500, 62_464)
     state.remove("b")
     assert (state.view().cpu_free, state.view().memory_free) == (15_000, 64_512)
+    state.remove("c")
+    assert (state.view().cpu_free, state.view().memory_free) == (15_000, 64_512)

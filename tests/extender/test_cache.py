@@ -464,3 +464,12 @@ def test_a_deleted_pod_leaves_no_problem_and_no_nudge_behind():
     cache.apply_pod(EventType.DELETED, pod("waiting", mem=8))
     assert cache.pod_problem("default/bad") is None and cluster_report(cache)["podProblems"] == {}
     assert cache.refused_keys() == [] and cache.take_requeue(10) == (set(), [])
+
+
+def test_a_pod_the_watch_shows_bound_waits_for_no_nudge():
+    cache = started()
+    assume(cache, "big", 16)
+    assert cache.filter("default/p", "uid-p", request(mem=8), None, ["n"]).fits_nowhere()
+    assert cache.refused_keys() == ["default/p"]
+    cache.apply_pod(EventType.MODIFIED, pod("p", mem=8, node="elsewhere"))
+    assert cache.refused_keys() == [] and cache.counts().refused == 0

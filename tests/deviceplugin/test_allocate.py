@@ -13,6 +13,7 @@ from gpushare.environment import (
     CONTAINER,
     CORE_PERCENTAGE,
     MEM_CONTAINER,
+    MEM_DEV,
     MEM_IDX,
     NVIDIA_VISIBLE_DEVICES,
     POD,
@@ -284,6 +285,23 @@ def test_a_pod_placed_by_acks_scheduler_gets_the_uuid_of_its_gpu(make_rig):
         rig.cluster.get_pod("default", "ack").metadata.annotations["ALIYUN_COM_GPU_MEM_ASSIGNED"]
         == "true"
     )
+
+
+def test_a_pod_placed_by_acks_scheduler_without_the_gpus_size_gets_it_from_the_node(make_rig):
+    rig = make_rig(layout="2x16GiB").start()
+    rig.cluster.create_pod(pod_spec("ack", mem=3))
+    ack_keys = {
+        "ALIYUN_COM_GPU_MEM_IDX": "0",
+        "ALIYUN_COM_GPU_MEM_POD": "3",
+        "ALIYUN_COM_GPU_MEM_ASSUME_TIME": "1700000000000000000",
+        "ALIYUN_COM_GPU_MEM_ASSIGNED": "false",
+    }
+    rig.cluster.bind_pod("default", "ack", rig.node, annotations=ack_keys)
+
+    [main] = rig.kubelet.admit(rig.cluster.get_pod("default", "ack"))
+
+    gpu = rig.plugin.node.snapshot().inventory[0]
+    assert (main.envs[NVIDIA_VISIBLE_DEVICES], main.envs[MEM_DEV]) == (gpu.uuid, "16")
 
 
 def test_what_can_wait_runs_once_the_answer_has_left(make_rig):

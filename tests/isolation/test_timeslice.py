@@ -99,6 +99,14 @@ def test_preemptive_skips_idle_containers_and_splits_among_those_with_work():
     assert owners(gpu, [Tenant("a"), Tenant("b")], 6) == ["a", "b"] * 3
 
 
+def test_a_container_that_gets_work_takes_turns_at_once_with_no_banked_time():
+    gpu = GpuSettings(Policy.PREEMPTIVE)
+    a, b = Tenant("a"), Tenant("b")
+    plan = [[a, replace(b, active=False)]] * 3 + [[a, b]] * 6
+    sequence = owners_under([(gpu, tenants) for tenants in plan])
+    assert sequence == ["a", "a", "a", "b", "a", "b", "a", "b", "a"]
+
+
 def test_preemptive_leaves_idle_containers_thawed_so_their_new_work_is_seen():
     clock = SimulatedClock()
     scheduler = TimeSliceScheduler(SLICE, clock.now)

@@ -473,3 +473,14 @@ def test_a_pod_the_watch_shows_bound_waits_for_no_nudge():
     assert cache.refused_keys() == ["default/p"]
     cache.apply_pod(EventType.MODIFIED, pod("p", mem=8, node="elsewhere"))
     assert cache.refused_keys() == [] and cache.counts().refused == 0
+
+
+def test_a_pod_created_again_under_the_same_name_drops_the_old_ones_reservation():
+    cache = started()
+    assume(cache, "p", 10)
+    again = pod("p", mem=10)
+    again = again.model_copy(
+        update={"metadata": again.metadata.model_copy(update={"uid": "uid-p-again"})}
+    )
+    cache.apply_pod(EventType.ADDED, again)  # not bound: the old pod's bind is moot
+    assert not cache.assumed_keys() and used(cache) == 0

@@ -358,7 +358,7 @@ class _CoverSearch:
         ]
         self.least_mem = [_sums(sorted(i.candidate.mem for i in items[s:])) for s in range(n)]
         self.best: list[_Item] | None = None
-        self.best_key = (0, 0)
+        self.best_key = (0, 0)  # pragma: no mutate: read only once self.best is set
 
     def run(self) -> list[_Candidate]:
         """The cheapest cover; the caller knows that all the items meet the need."""

@@ -56,6 +56,11 @@ def test_two_pods_of_one_gpu_not_one_pod_of_each():
     chosen = victims(state, req, dict.fromkeys("abcdefg", 0))
     assert chosen == {"a", "b"}  # every GPU costs two pods alike; ties go to the first
     assert fits_without(state, req, chosen)
+    # On one GPU too: of two pods alike, the first goes.
+    state = node_state("1x16GiB")
+    put(state, "a", 0, 8)
+    put(state, "b", 0, 8)
+    assert victims(state, request(mem=8), {"a": 0, "b": 0}) == {"a"}
 
 
 def test_the_lowest_highest_priority_wins_over_fewer_victims():

@@ -133,6 +133,24 @@ def test_weight_based_turns_last_weight_slices_and_other_policies_take_one_slice
     assert owners(GpuSettings(Policy.PREEMPTIVE), tenants, 8) == ["a", "b"] * 4
 
 
+def test_ties_go_round_robin():
+    tenants = [Tenant("a"), Tenant("b"), Tenant("c")]
+    assert owners(GpuSettings(Policy.PREEMPTIVE), tenants, 6) == ["a", "b", "c"] * 2
+
+
+def test_a_turn_with_half_a_slice_or_less_left_ends_when_the_loop_wakes_late():
+    clock = SimulatedClock()
+    scheduler = TimeSliceScheduler(1.0, clock.now)
+    gpu = GpuSettings(Policy.WEIGHTED)
+    tenants = [Tenant("a", weight=2), Tenant("b", weight=2)]
+    sequence = []
+    for late in (1.5, 1.5, 1.0, 1.0):
+        sequence.append(scheduler.next_slice(gpu, tenants).owner)
+        clock.advance(late)
+    # Each turn of two slices had half a slice left after a wake-up half a slice late.
+    assert sequence == ["a", "b", "a", "a"]
+
+
 def test_weighted_turns_skip_idle_containers():
     gpu = GpuSettings(Policy.WEIGHTED)
     shares = simulate(gpu, [Tenant("a", weight=1), Tenant("b", weight=3, active=False)])

@@ -304,8 +304,8 @@ class _Rotation:
     def charge(self, elapsed: float) -> None:
         for key, share in self.shares.items():
             self.credit[key] = self.credit.get(key, 0.0) + share * elapsed
-        if self.owner is not None:
-            self.credit[self.owner] = self.credit.get(self.owner, 0.0) - elapsed
+        if self.owner is not None:  # one of `shares`, so credited just above
+            self.credit[self.owner] -= elapsed
             self.turn_left -= elapsed
 
     def pick(

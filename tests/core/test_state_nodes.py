@@ -81,3 +81,15 @@ def test_host_cpu_and_memory_left_count_every_pod_and_nothing_for_pods_asking_no
     assert (state.view().cpu_free, state.view().memory_free) == (15_000, 64_512)
     state.remove("c")
     assert (state.view().cpu_free, state.view().memory_free) == (15_000, 64_512)
+
+
+def test_an_unhealthy_gpu_offers_nothing_to_placement():
+    gpu, healthy = node_state("2x16GiB", unhealthy=(0,)).view().gpus
+    assert (gpu.usable, gpu.whole, gpu.mem_free, gpu.core_free, gpu.slots) == (
+        False,
+        False,
+        0,
+        0,
+        0,
+    )
+    assert (healthy.usable, healthy.whole, healthy.mem_free, healthy.slots) == (True, True, 16, 20)

@@ -484,3 +484,15 @@ def test_a_pod_created_again_under_the_same_name_drops_the_old_ones_reservation(
     )
     cache.apply_pod(EventType.ADDED, again)  # not bound: the old pod's bind is moot
     assert not cache.assumed_keys() and used(cache) == 0
+
+
+def test_a_failed_bind_gives_back_what_the_api_shows_of_the_pod():
+    cache = started()
+    earlier = assume(cache, "p", 10)
+    cache.forget("default/p", "uid-p")
+    # The API shows an allocation from an earlier bind that never bound the pod.
+    cache.apply_pod(EventType.ADDED, pod("p", mem=10, annotations=annotation.encode(earlier)))
+    assume(cache, "p", 6)  # bind tries again
+    assert used(cache) == 6
+    cache.forget("default/p", "uid-p")  # and fails
+    assert used(cache) == 10 and not cache.assumed_keys()

@@ -9,9 +9,10 @@ from gpushare.fragmentation import Fragmentation, devices, models
 from gpushare.lookahead import LookaheadFgdPolicy
 from gpushare.placement import Placement, evaluate, to_allocation
 from gpushare.policies import OUR_POLICY, POLICIES, BinpackPolicy, SpreadPolicy, policy_named
+from gpushare.request import PodRequest
 from gpushare.state import NodeState
 from gpushare.workload import PRIOR, LearnedWorkload, TaskShape, Workload
-from tests.builders import T0, node_state, request
+from tests.builders import T0, container, node_state, request
 
 # Learned on Kubernetes: shapes in GiB, no CPU.
 HALF_GPUS = Workload(((TaskShape(gpus=1, mem=8), 0.7), (TaskShape(gpus=1, exclusive=True), 0.3)))
@@ -270,3 +271,36 @@ def test_spread_takes_the_gpu_with_the_most_compute_left_among_equally_empty_one
     assert result.assignment.gpus == ((1,),)
     # The score is the share of the node's memory left free: 22 of 32 GiB.
     assert result.score == pytest.approx(100 * 22 / 32)
+
+
+def test_the_learned_workload_is_rederived_at_8_16_32_64_pods_then_every_check():
+    learned = LearnedWorkload(check_every=100, tolerance=0)
+    new = TaskShape(gpus=1, mem=3)
+    changed = [n for n in range(1, 201) if learned.observe(new)]
+    assert changed == [8, 16, 32, 64, 100, 200]
+
+
+def test_distance_is_the_total_variation():
+    a, b = TaskShape(gpus=1, mem=2), TaskShape(gpus=1, mem=4)
+    assert Workload(((a, 1.0),)).distance(Workload(((b, 1.0),))) == 1.0
+    assert Workload(((a, 0.5), (b, 0.5))).distance(Workload(((a, 1.0),))) == 0.5
+
+
+def test_a_workload_of_no_weight_is_refused():
+    with pytest.raises(ValueError, match="at least one shape with a positive weight"):
+        Workload.typical({TaskShape(gpus=1, mem=2): 0.0})
+
+
+def test_the_shape_of_a_pod_of_several_containers_is_its_largest_slice_on_its_widest():
+    shared = request(containers=[container("a", mem=4, core=50), container("b", mem=8, core=30)])
+    assert TaskShape.of(shared) == TaskShape(gpus=1, mem=8, core=50)
+    whole = request(containers=[container("a", count=1), container("b", count=2)])
+    assert TaskShape.of(whole) == TaskShape(gpus=2, exclusive=True)
+    mixed = request(containers=[container("a", count=2), container("b", mem=4)])
+    assert TaskShape.of(mixed) == TaskShape(gpus=2, mem=4)
+
+
+def test_the_shape_of_a_pod_without_gpus_keeps_its_cpu_and_gpu_model():
+    spec = frozenset({"T4"})
+    cpu_only = PodRequest((), cpu_milli=1500, memory_mib=1024, gpu_spec=spec)
+    assert TaskShape.of(cpu_only) == TaskShape(gpus=0, cpu_milli=1500, gpu_spec=spec)

@@ -133,6 +133,21 @@ def test_weight_based_turns_last_weight_slices_and_other_policies_take_one_slice
     assert owners(GpuSettings(Policy.PREEMPTIVE), tenants, 8) == ["a", "b"] * 4
 
 
+def test_the_next_turn_goes_to_whoever_is_furthest_behind_its_share():
+    tenants = [Tenant("a", core_percent=20), Tenant("b", core_percent=50)]
+    sequence = owners(GpuSettings(Policy.FIXED), tenants, 10)
+    assert sequence == ["a", "b", None, "b", None, "b", "a", "b", None, "b"]
+
+
+def test_a_container_back_from_idle_waits_behind_one_still_owed_time():
+    gpu = GpuSettings(Policy.WEIGHTED)
+    a, b = Tenant("a", weight=1), Tenant("b", weight=3)
+    plan = [[a, b]] + [[replace(a, active=False), b]] * 3 + [[a, b]] * 4
+    sequence = owners_under([(gpu, tenants) for tenants in plan])
+    # b was owed a quarter of the first slice: its next turn of three comes first.
+    assert sequence == ["a", "b", "b", "b", "b", "b", "b", "a"]
+
+
 def test_ties_go_round_robin():
     tenants = [Tenant("a"), Tenant("b"), Tenant("c")]
     assert owners(GpuSettings(Policy.PREEMPTIVE), tenants, 6) == ["a", "b", "c"] * 2

@@ -304,3 +304,19 @@ def test_the_shape_of_a_pod_without_gpus_keeps_its_cpu_and_gpu_model():
     spec = frozenset({"T4"})
     cpu_only = PodRequest((), cpu_milli=1500, memory_mib=1024, gpu_spec=spec)
     assert TaskShape.of(cpu_only) == TaskShape(gpus=0, cpu_milli=1500, gpu_spec=spec)
+
+
+def test_a_fixed_workload_is_judged_by_its_shapes_covering_95_percent():
+    common, rare = TaskShape(gpus=1, mem=4), TaskShape(gpus=1, mem=12)
+    policy = FgdPolicy(Workload(((common, 0.96), (rare, 0.04))))
+    assert policy.workload == Workload(((common, 1.0),))
+
+
+def test_fgd_gives_a_pod_on_several_gpus_the_fullest_gpus_it_fits_on():
+    state = node_state("3x16GiB")
+    place(state, request(mem=8), BinpackPolicy(), "a")
+    place(state, request(mem=10), SpreadPolicy(), "b")
+    assert [state.used(i)[0] for i in range(3)] == [8, 10, 0]
+    # 4 GiB on each of two GPUs: GPUs 1 (6 GiB free) and 0 (8 GiB), not the empty one.
+    split = request(mem=8, labels={"aliyun.com/gpu-count": "2"})
+    assert place(state, split, FgdPolicy(HALF_GPUS), "c").assignment.gpus == ((1, 0),)

@@ -117,6 +117,26 @@ def test_preemptive_leaves_idle_containers_thawed_so_their_new_work_is_seen():
     assert decided.runs == {"a", "b"}
 
 
+def test_with_nobody_having_work_the_slice_is_idle_and_everyone_stays_thawed():
+    clock = SimulatedClock()
+    scheduler = TimeSliceScheduler(SLICE, clock.now)
+    tenants = [Tenant("a", active=False), Tenant("b", active=False)]
+    decided = scheduler.next_slice(GpuSettings(Policy.PREEMPTIVE), tenants)
+    assert (decided.kind, decided.owner, decided.runs) == (SliceKind.IDLE, None, {"a", "b"})
+
+
+def test_an_unheld_fixed_slot_is_an_idle_slice_with_everyone_frozen():
+    clock = SimulatedClock()
+    scheduler = TimeSliceScheduler(SLICE, clock.now)
+    gpu = GpuSettings(Policy.FIXED)
+    tenants = [Tenant("a", core_percent=50)]
+    first = scheduler.next_slice(gpu, tenants)
+    clock.advance(SLICE)
+    second = scheduler.next_slice(gpu, tenants)
+    assert (first.kind, first.owner) == (SliceKind.TURN, "a")
+    assert (second.kind, second.owner, second.runs) == (SliceKind.IDLE, None, frozenset())
+
+
 def test_weights_one_to_two_give_one_to_two_compute_in_merged_turns():
     gpu = GpuSettings(Policy.WEIGHTED)
     tenants = [Tenant("a", weight=1), Tenant("b", weight=2)]

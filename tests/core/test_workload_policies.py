@@ -4,6 +4,7 @@ the same evaluate() the extender calls, and learning the workload online."""
 import pytest
 
 from gpushare.bestfit import BestFitPolicy
+from gpushare.errors import Refusal, Rule
 from gpushare.fgd import FgdPolicy
 from gpushare.fragmentation import Fragmentation, devices, models
 from gpushare.lookahead import LookaheadFgdPolicy
@@ -320,3 +321,21 @@ def test_fgd_gives_a_pod_on_several_gpus_the_fullest_gpus_it_fits_on():
     # 4 GiB on each of two GPUs: GPUs 1 (6 GiB free) and 0 (8 GiB), not the empty one.
     split = request(mem=8, labels={"aliyun.com/gpu-count": "2"})
     assert place(state, split, FgdPolicy(HALF_GPUS), "c").assignment.gpus == ((1, 0),)
+
+
+def test_each_change_of_the_learned_workload_is_a_new_epoch():
+    policy = FgdPolicy()
+    epochs = [policy.epoch]
+    for i in range(64):
+        policy.observe(request(mem=2 if i < 32 else 12))
+        if policy.epoch != epochs[-1]:
+            epochs.append(policy.epoch)
+    assert len(epochs) >= 3 and len(set(epochs)) == len(epochs)
+
+
+def test_a_pod_on_several_gpus_that_does_not_fit_is_refused_by_the_fragmentation_policies():
+    state = node_state("2x16GiB")
+    place(state, request(mem=4), BinpackPolicy(), "a")
+    for policy in (FgdPolicy(HALF_GPUS), LookaheadFgdPolicy(HALF_GPUS)):
+        found = evaluate(state.view(), request(count=2), policy)
+        assert isinstance(found, Refusal) and found.rule is Rule.NO_FREE_GPU

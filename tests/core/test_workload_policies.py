@@ -339,3 +339,24 @@ def test_a_pod_on_several_gpus_that_does_not_fit_is_refused_by_the_fragmentation
     for policy in (FgdPolicy(HALF_GPUS), LookaheadFgdPolicy(HALF_GPUS)):
         found = evaluate(state.view(), request(count=2), policy)
         assert isinstance(found, Refusal) and found.rule is Rule.NO_FREE_GPU
+
+
+def test_a_gpu_at_its_pod_limit_is_all_fragment():
+    # GPU 0 holds a 4 GiB pod (12 GiB free, 750 milli). With room for one more pod there
+    # the 8 GiB pods can use it: only whole-GPU pods (.3) cannot, F = .3 * 750. At the
+    # limit of one pod per GPU nobody can: F = 750.
+    frag = Fragmentation(HALF_GPUS)
+    for limit, expected in ((2, 0.3 * 750), (1, 750)):
+        state = node_state("2x16GiB", max_pods_per_gpu=limit)
+        place(state, request(mem=4), BinpackPolicy(), "a")
+        assert frag.of_view(state.view()) == pytest.approx(expected)
+
+
+def test_fgd_counts_a_gpu_still_open_after_the_pod_lands_as_usable():
+    # Three pods per GPU; GPU 0 holds one (4 GiB). A 2 GiB pod there leaves 10 GiB and a
+    # place for a third pod: F = .3 * 625, down from .3 * 750 (score 50); on GPU 1 it
+    # would leave no whole GPU: F = .3 * (750 + 875) (score 43).
+    state = node_state("2x16GiB", max_pods_per_gpu=3)
+    place(state, request(mem=4), BinpackPolicy(), "a")
+    result = place(state, request(mem=2), FgdPolicy(HALF_GPUS), "b")
+    assert result.assignment.gpus == ((0,),) and result.score == 50

@@ -93,3 +93,12 @@ def test_an_unhealthy_gpu_offers_nothing_to_placement():
         0,
     )
     assert (healthy.usable, healthy.whole, healthy.mem_free, healthy.slots) == (True, True, 16, 20)
+
+
+def test_a_node_whose_host_is_taken_has_nothing_left():
+    state = tracked_node()
+    req = host(16_000, 65_536)
+    result = evaluate(state.view(), req, BinpackPolicy())
+    assert isinstance(result, Placement)
+    state.add("all", to_allocation(req, result.assignment, state.inventory, T0))
+    assert (state.view().cpu_free, state.view().memory_free) == (0, 0)

@@ -496,3 +496,20 @@ def test_a_failed_bind_gives_back_what_the_api_shows_of_the_pod():
     assert used(cache) == 6
     cache.forget("default/p", "uid-p")  # and fails
     assert used(cache) == 10 and not cache.assumed_keys()
+
+
+def test_reservations_expire_by_their_own_age_checked_every_five_seconds():
+    clock = Clock()
+    clock.now = 100
+    cache = started(clock)
+    first = assume(cache, "first", 4)
+    assume(cache, "second", 4)
+    clock.now = 150
+    cache.assume("default/first", "uid-first", first)  # reserved again: younger now
+    clock.now = 158
+    assert cache.expire() == []  # second is 58 s old
+    clock.now = 161
+    assert cache.expire() == []  # the last pass was 3 s ago
+    clock.now = 163
+    assert cache.expire() == ["default/second"]
+    assert cache.assumed_keys() == ["default/first"] and used(cache) == 4

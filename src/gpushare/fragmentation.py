@@ -193,9 +193,7 @@ class Fragmentation:
         # each, which CPU step F sees: these are the thresholds that matter.
         task_cpus = {s.cpu_milli or 0 for s, _ in workload.tasks if s.gpus}
         self._next_steps = sorted(
-            task_cpus
-            | set(self._cpu_steps)
-            | {c + step for c in task_cpus for step in self._cpu_steps}
+            task_cpus | {c + step for c in task_cpus for step in self._cpu_steps}
         )
         self._memo: dict[tuple[object, ...], float] = {}
         self._copies: dict[tuple[Device, ...], tuple[tuple[int, float], ...]] = {}

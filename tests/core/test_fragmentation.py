@@ -151,3 +151,34 @@ def test_expected_next_counts_each_task_that_fits_by_its_own_cpu():
     assert frag.expected_next(models_, 1000, gpus) == pytest.approx(0.5 * 800 + 0.5 * 650)
     # With exactly 2 CPUs left the first fits (F = 0) and leaves none: F = .5 * 1300 then.
     assert frag.expected_next(models_, 2000, gpus) == pytest.approx(0.5 * 650)
+
+
+def test_every_pod_without_gpus_finds_all_free_gpu_a_fragment():
+    # Two CPU-only shapes (.3 and .2) and a slice that fits: F = (.3 + .2) * 2000.
+    workload = Workload(
+        (
+            (TaskShape(gpus=1, mem=300, core=300), 0.5),
+            (TaskShape(gpus=0, cpu_milli=1000), 0.3),
+            (TaskShape(gpus=0, cpu_milli=2000), 0.2),
+        )
+    )
+    assert Fragmentation(workload).of_view(milli_node(gpus=2).view()) == pytest.approx(1000)
+
+
+def test_expected_next_a_whole_gpu_pod_takes_only_the_gpus_it_asks_for():
+    # GPU 0 has 600 free, GPUs 1-3 are whole. Pods of one whole GPU (.7) and of two (.3):
+    # F = .7 * 600 + .3 * 600. After a one-GPU pod two whole GPUs are left: F = 600; after
+    # a two-GPU pod one: the two-GPU pod no longer fits, F = .7 * 600 + .3 * 1600 = 900.
+    workload = Workload(
+        (
+            (TaskShape(gpus=1, exclusive=True), 0.7),
+            (TaskShape(gpus=2, exclusive=True), 0.3),
+        )
+    )
+    state = milli_node(gpus=4)
+    result = evaluate(state.view(), sharing(400), BestFitPolicy())
+    assert isinstance(result, Placement)
+    state.add("a", to_allocation(sharing(400), result.assignment, state.inventory, T0))
+    frag = Fragmentation(workload)
+    assert frag.of_view(state.view()) == pytest.approx(600)
+    assert frag.expected_next(*parts(state)) == pytest.approx(0.7 * 600 + 0.3 * 900)

@@ -263,6 +263,8 @@ def test_a_node_that_leaves_and_comes_back_still_carries_its_pods():
     cache.apply_node(EventType.ADDED, node("n", "1x16GiB"))
     assert used(cache) == 10
     assert "[insufficient-gpu-memory]" in refusal(cache, 8)
+    cache.apply_pod(EventType.DELETED, pod("p", mem=10))
+    assert used(cache) == 0
 
 
 def test_a_pod_deleted_while_its_node_is_away_is_not_counted_when_the_node_returns():
@@ -513,3 +515,26 @@ def test_reservations_expire_by_their_own_age_checked_every_five_seconds():
     clock.now = 163
     assert cache.expire() == ["default/second"]
     assert cache.assumed_keys() == ["default/first"] and used(cache) == 4
+
+
+def test_the_watch_showing_a_pod_bound_elsewhere_frees_the_node_reserved():
+    cache = SchedulerCache()
+    cache.replace_nodes([node("a", "1x16GiB"), node("b", "1x16GiB")])
+    cache.replace_pods([])
+    on_b = assume(cache, "p", 10, node="b")
+    cache.forget("default/p", "uid-p")
+    assume(cache, "p", 10, node="a")  # our bind; another one won
+    cache.apply_pod(
+        EventType.MODIFIED, pod("p", mem=10, node="b", annotations=annotation.encode(on_b))
+    )
+    assert cache.snapshot().gpus["a"][0][0] == 0 and cache.snapshot().gpus["b"][0][0] == 10
+
+
+def test_an_old_reservation_of_a_pod_the_api_shows_bound_is_kept():
+    clock = Clock()
+    cache = started(clock)
+    cache.apply_pod(EventType.ADDED, pod("p", mem=10, node="n"))  # bound, allocation not shown yet
+    assume(cache, "p", 10)  # a bind for it reserves all the same
+    clock.now = 61
+    assert cache.expire() == []
+    assert cache.assumed_keys() == ["default/p"] and used(cache) == 10

@@ -14,6 +14,7 @@ from gpushare.request import PodRequest
 from gpushare.state import NodeState
 from gpushare.workload import PRIOR, LearnedWorkload, TaskShape, Workload
 from tests.builders import T0, container, node_state, request
+from tests.core.test_preemption import put
 
 # Learned on Kubernetes: shapes in GiB, no CPU.
 HALF_GPUS = Workload(((TaskShape(gpus=1, mem=8), 0.7), (TaskShape(gpus=1, exclusive=True), 0.3)))
@@ -140,7 +141,12 @@ def test_our_policy_prefers_a_node_in_use_over_an_equally_good_empty_one():
     req = request(count=1)
     on_busy, on_empty = (evaluate(s.view(), req, policy) for s in (busy, empty))
     assert isinstance(on_busy, Placement) and isinstance(on_empty, Placement)
-    assert on_busy.score > on_empty.score
+    assert (on_busy.score, on_empty.score) == (50.5, 50.0)  # wins the tie, not a step
+    # A pod on a GPU gone unhealthy does not make its node one in use.
+    broken = node_state("4x16GiB", node="broken", unhealthy=(0,))
+    put(broken, "stuck", 0, 4)
+    on_broken = evaluate(broken.view(), req, policy)
+    assert isinstance(on_broken, Placement) and on_broken.score == 50.0
 
 
 def test_the_registered_policies_start_from_the_prior_and_learn():
@@ -360,3 +366,8 @@ def test_fgd_counts_a_gpu_still_open_after_the_pod_lands_as_usable():
     place(state, request(mem=4), BinpackPolicy(), "a")
     result = place(state, request(mem=2), FgdPolicy(HALF_GPUS), "b")
     assert result.assignment.gpus == ((0,),) and result.score == 50
+
+
+def test_binpack_scores_a_pod_that_fills_the_node_100():
+    result = evaluate(node_state("1x16GiB").view(), request(mem=16), BinpackPolicy())
+    assert isinstance(result, Placement) and result.score == 100.0

@@ -245,9 +245,9 @@ class ClusterState:
     def remove_pod(self, pod_key: str) -> PodAllocation | None:
         self.unplaced.pop(pod_key, None)
         node = self.pod_nodes.pop(pod_key, None)
-        if node is None or node not in self.nodes:
+        if node is None:
             return None
-        return self.nodes[node].remove(pod_key)
+        return self.nodes[node].remove(pod_key)  # remove_node drops its pods from pod_nodes
 
     def allocation(self, pod_key: str) -> PodAllocation | None:
         node = self.pod_nodes.get(pod_key)

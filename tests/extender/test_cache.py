@@ -66,7 +66,7 @@ def test_the_watch_showing_the_bind_replaces_the_reservation():
     bound = pod("p", mem=10, node="n", annotations=annotation.encode(allocation))
     cache.apply_pod(EventType.MODIFIED, bound)
     assert not cache.assumed_keys()
-    assert used(cache) == 10
+    assert used(cache) == 10 and cache.snapshot().pods == {"default/p": allocation}
 
 
 def test_a_deleted_pod_frees_its_reservation():

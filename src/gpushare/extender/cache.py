@@ -263,7 +263,7 @@ class SchedulerCache:
                 record = self._pods.get(key)
                 if record is None or (record.allocation is None and not record.node):
                     del self._assumed[key]
-                    self._set_allocation(key, record.allocation if record else None)
+                    self._set_allocation(key, None)  # the API shows no allocation either
                     dropped.append(key)
             for key in dropped:
                 log.warning("dropped the assumed bind of %s: the watch never showed it", key)

@@ -97,3 +97,21 @@ def test_relabelling_a_node_keeps_what_runs_on_it():
     state.set_node(node_gpus(node("n1", "1x16GiB", mode="core_mem")))
     assert state.nodes["n1"].inventory.mode == "core_mem"
     assert state.nodes["n1"].used(0)[0] == 4
+
+
+def test_rebuild_reads_every_node_and_pod_past_unreadable_and_finished_ones():
+    bad_node = node("bad").model_copy(
+        update={"metadata": ObjectMeta(name="bad", annotations={NODE_GPUS_ANNOTATION: "oops"})}
+    )
+    keys = {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_POD": "4"}
+    done = pod("done", mem=4, node="n1", annotations=keys).model_copy(
+        update={"status": PodStatus(phase="Succeeded")}
+    )
+    broken = pod("broken", mem=1, node="n1", annotations={annotation.ALLOCATION: "{"})
+    running = pod("running", mem=4, node="n1", annotations=keys)
+    state, problems = ClusterState.rebuild(
+        [bad_node, node("n1", "1x16GiB")], [done, broken, running], max_pods_per_gpu=2
+    )
+    assert set(state.nodes) == {"n1"} and len(problems) == 2
+    assert state.nodes["n1"].used(0) == (4, 0, 1)
+    assert state.nodes["n1"].view().gpus[0].slots == 1  # 2 pods per GPU, one there

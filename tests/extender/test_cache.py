@@ -76,7 +76,7 @@ def test_a_deleted_pod_frees_its_reservation():
     assert not cache.assumed_keys() and used(cache) == 0
 
 
-def test_a_reservation_the_watch_never_confirms_expires():
+def test_a_reservation_the_watch_never_confirms_expires(caplog):
     clock = Clock()
     cache = started(clock)
     assume(cache, "p", 10)
@@ -86,6 +86,7 @@ def test_a_reservation_the_watch_never_confirms_expires():
     clock.now = 61
     assert cache.expire() == ["default/p"]
     assert used(cache) == 0
+    assert caplog.messages == ["dropped the assumed bind of default/p: the watch never showed it"]
 
 
 def bound_pod(cache: SchedulerCache, name: str, mem: int, node: str = "n"):

@@ -539,3 +539,12 @@ def test_an_old_reservation_of_a_pod_the_api_shows_bound_is_kept():
     clock.now = 61
     assert cache.expire() == []
     assert cache.assumed_keys() == ["default/p"] and used(cache) == 10
+
+
+def test_the_10000_pods_refused_last_are_kept_for_the_nudge():
+    cache = started()
+    assume(cache, "big", 16)
+    for i in range(10_001):
+        cache.filter(f"default/p{i}", f"u{i}", request(mem=8), None, ["n"])
+    waiting = cache.refused_keys()
+    assert len(waiting) == 10_000 and waiting[0] == "default/p1" and waiting[-1] == "default/p10000"

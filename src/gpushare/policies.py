@@ -12,7 +12,6 @@ from types import MappingProxyType
 
 from gpushare.bestfit import BestFitPolicy
 from gpushare.fgd import FgdPolicy
-from gpushare.labels import PlacementMode
 from gpushare.lookahead import LookaheadFgdPolicy
 from gpushare.placement import Assignment, PlacementPolicy
 from gpushare.request import PodRequest
@@ -80,8 +79,3 @@ def policy_named(name: str, registry: Mapping[str, PolicyFactory] = POLICIES) ->
             f"unknown placement policy {name!r}; known: {', '.join(registry)}"
         ) from None
     return factory()
-
-
-def policy_for(mode: PlacementMode) -> PlacementPolicy:
-    """A fresh object of the policy a node's `ack.node.gpu.placement` label asks for."""
-    return POLICIES[mode.value]()

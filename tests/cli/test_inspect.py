@@ -11,7 +11,7 @@ from gpushare.cluster.port import NotFound
 from gpushare.inventory import parse_layout
 from gpushare.objects import Pod
 from gpushare.placement import Placement, evaluate, to_allocation
-from gpushare.policies import policy_for
+from gpushare.policies import policy_named
 from gpushare.request import parse_pod_request
 from gpushare.state import ClusterState
 from gpushare.testing.memorycluster import MemoryCluster, gpu_node
@@ -26,7 +26,7 @@ def place(cluster: MemoryCluster, new: Pod, node: str) -> None:
     request = parse_pod_request(created)
     assert request is not None
     view = state.nodes[node].view()
-    placement = evaluate(view, request, policy_for(view.placement))
+    placement = evaluate(view, request, policy_named(view.placement.value))
     assert isinstance(placement, Placement), placement
     allocation = to_allocation(request, placement.assignment, state.nodes[node].inventory, T0)
     meta = created.metadata

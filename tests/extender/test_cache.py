@@ -548,3 +548,12 @@ def test_the_10000_pods_refused_last_are_kept_for_the_nudge():
         cache.filter(f"default/p{i}", f"u{i}", request(mem=8), None, ["n"])
     waiting = cache.refused_keys()
     assert len(waiting) == 10_000 and waiting[0] == "default/p1" and waiting[-1] == "default/p10000"
+
+
+def test_a_pod_that_fits_again_waits_for_no_nudge():
+    cache = started()
+    assume(cache, "big", 16)
+    assert cache.filter("default/p", "uid-p", request(mem=8), None, ["n"]).fits_nowhere()
+    cache.forget("default/big", "uid-big")
+    assert not cache.filter("default/p", "uid-p", request(mem=8), None, ["n"]).fits_nowhere()
+    assert cache.refused_keys() == []

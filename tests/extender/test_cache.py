@@ -11,7 +11,8 @@ from gpushare.extender.inspect import cluster_report
 from gpushare.inventory import NODE_GPUS_ANNOTATION, parse_layout
 from gpushare.lookahead import LookaheadFgdPolicy
 from gpushare.objects import Node, PodStatus
-from gpushare.policies import POLICIES
+from gpushare.policies import POLICIES, BinpackPolicy
+from gpushare.request import PodRequest
 from tests.builders import T0, being_deleted, node, pod, request
 
 
@@ -557,3 +558,66 @@ def test_a_pod_that_fits_again_waits_for_no_nudge():
     cache.forget("default/big", "uid-big")
     assert not cache.filter("default/p", "uid-p", request(mem=8), None, ["n"]).fits_nowhere()
     assert cache.refused_keys() == []
+
+
+def test_the_nudge_skips_pods_bound_leaving_or_created_again_and_keeps_unseen_ones():
+    cache = started()
+    assume(cache, "big", 16)
+    cache.apply_pod(EventType.ADDED, pod("bound", mem=8, node="elsewhere"))
+    cache.apply_pod(EventType.ADDED, being_deleted(pod("leaving", mem=8)))
+    cache.apply_pod(EventType.ADDED, pod("again", mem=8))  # its UID is uid-again now
+    cache.apply_pod(EventType.ADDED, pod("waiting", mem=8))
+    for name, uid in [("bound", "uid-bound"), ("leaving", "uid-leaving"), ("again", "old")]:
+        cache.filter(f"default/{name}", uid, request(mem=8), None, ["n"])
+    for name in ("unseen", "waiting"):
+        cache.filter(f"default/{name}", f"uid-{name}", request(mem=8), None, ["n"])
+    assert cache.take_requeue(1) == (set(), [("default/unseen", "uid-unseen")])
+    assert cache.refused_keys() == ["default/unseen", "default/waiting"]
+    assert cache.take_requeue(10)[1] == [
+        ("default/unseen", "uid-unseen"),
+        ("default/waiting", "uid-waiting"),
+    ]
+
+
+def test_a_listing_of_waiting_pods_asks_for_one_nudge():
+    cache = SchedulerCache(served_schedulers=("gpushare-scheduler",))
+    cache.replace_nodes([node("n", "1x16GiB")])
+    waiting = pod("w", mem=1)
+    waiting = waiting.model_copy(
+        update={"spec": waiting.spec.model_copy(update={"scheduler_name": "gpushare-scheduler"})}
+    )
+    cache.replace_pods([waiting])
+    assert cache.take_listed_waiting() is True
+    assert cache.take_listed_waiting() is False
+
+
+class Counting(BinpackPolicy):
+    """binpack that remembers the pods it learned of."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.observed: list[PodRequest] = []
+
+    def observe(self, request: PodRequest) -> None:
+        self.observed.append(request)
+
+
+class NeverPlaces(BinpackPolicy):
+    name = "never"
+
+    def place(self, view, request):
+        return None
+
+
+def test_filter_teaches_each_pod_once_by_uid_and_answers_by_the_pods_policy():
+    counting = Counting()
+    registry = {**POLICIES, "counting": lambda: counting, "never": NeverPlaces}
+    cache = SchedulerCache("counting", policies=registry)
+    cache.replace_nodes([node("n", "1x16GiB")])
+    cache.replace_pods([])
+    for uid in ("uid-1", "uid-1", "uid-2", "", ""):  # the same name, created again
+        cache.filter("default/p", uid, request(mem=4), None, ["n"])
+    assert len(counting.observed) == 3
+    assert cache.filter("default/q", "uid-q", request(mem=4), "never", ["n"]).fits_nowhere()
+    assert not cache.filter("default/q", "uid-q", request(mem=4), None, ["n"]).fits_nowhere()

@@ -158,6 +158,25 @@ def test_get_preferred_allocation_without_a_pod_answers_no_preference_at_the_dea
     assert metrics.value(TIMEOUTS, call="GetPreferredAllocation", resource=GPU_MEM) == 1
 
 
+@pytest.mark.parametrize(("count", "waits_again"), [(2, False), (3, True)])
+def test_an_allocate_right_after_a_preference_that_waited_in_vain_keeps_its_deadline(
+    make_rig, count, waits_again
+):
+    """The kubelet calls Allocate for the container GetPreferredAllocation was about
+    (same resource and count): it gets what is left of that call's deadline, not a
+    second one. A call of another count is another container's and waits its own."""
+    rig = make_rig(layout="2x16GiB", answer_within=2.0).start()
+    assert _preferred(rig, _ids(rig, 4), 2) == []
+
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError):
+        allocate(rig, GPU_MEM, _ids(rig, count))
+    waited = time.monotonic() - started
+
+    # A fresh deadline cannot end sooner than its 2 s.
+    assert (waited >= rig.answer_within) is waits_again
+
+
 def test_a_step_after_an_answer_that_hangs_holds_up_no_later_call(make_rig):
     """What follows an answer (here the journal's line, on a disk that hangs) runs
     off gRPC's polling thread, which also hands every new call to a handler."""

@@ -327,5 +327,5 @@ def _units(resource: str, gpu_slice: GpuSlice) -> int:
     if resource == GPU_CORE:
         return gpu_slice.core
     if resource == GPU_COUNT:
-        return 1
+        return 1  # pragma: no mutate: a GPU has one gpu-count ID: asking more takes the same
     return gpu_slice.mem

@@ -6,7 +6,7 @@ from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster import EventType
 from gpushare.errors import Refusal
-from gpushare.extender.cache import SchedulerCache, interesting
+from gpushare.extender.cache import CacheCounts, SchedulerCache, interesting
 from gpushare.extender.inspect import cluster_report
 from gpushare.inventory import NODE_GPUS_ANNOTATION, parse_layout
 from gpushare.lookahead import LookaheadFgdPolicy
@@ -621,3 +621,14 @@ def test_filter_teaches_each_pod_once_by_uid_and_answers_by_the_pods_policy():
     assert len(counting.observed) == 3
     assert cache.filter("default/q", "uid-q", request(mem=4), "never", ["n"]).fits_nowhere()
     assert not cache.filter("default/q", "uid-q", request(mem=4), None, ["n"]).fits_nowhere()
+
+
+def test_counts_say_what_the_cache_holds():
+    cache = SchedulerCache()
+    cache.replace_nodes([node("n", "2x16GiB"), unreadable("b")])
+    cache.replace_pods([pod("bad", mem=1, annotations={"gpushare.io/allocation": "{"})])
+    bound_pod(cache, "p", 4)
+    assume(cache, "q", 2)
+    assert cache.counts() == CacheCounts(
+        nodes=2, gpus=2, pods=2, placed=2, assumed=1, refused=0, problems=2
+    )

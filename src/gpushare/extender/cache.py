@@ -506,7 +506,7 @@ class SchedulerCache:
         return table.answers(names, lambda name: self._evaluate(name, request, pod_policy))
 
     def _policy_for(self, node: str, pod_policy: str | None) -> PlacementPolicy:
-        name = pod_policy or self._node_policies.get(node, self.default_policy)
+        name = pod_policy or self._node_policies[node]  # called for nodes with GPUs only
         return self._policy_objects[name]
 
     def _observe(self, uid: str, request: PodRequest, pod_policy: str | None) -> None:

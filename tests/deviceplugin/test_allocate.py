@@ -99,6 +99,17 @@ def test_memory_and_compute_answers_merge_without_colliding_keys(make_rig):
     assert all(rig.wait_assigned(p.metadata.name).assigned for p in pods)
 
 
+def test_a_memory_only_container_on_a_node_selling_compute_is_told_it_has_no_percentage(
+    make_rig,
+):
+    rig = make_rig(layout="1x16GiB", mode="core_mem").start()
+    pod = rig.bind("m", [[0]], mem=2)
+
+    [main] = rig.kubelet.admit(pod)
+
+    assert (main.envs[MEM_CONTAINER], main.envs[CORE_PERCENTAGE]) == ("2", "0")
+
+
 def test_the_compute_answer_alone_carries_only_the_percentage(make_rig):
     rig = make_rig(layout="1x16GiB", mode="core_mem").start()
     rig.bind("c", [[0]], mem=2, core=30)

@@ -632,3 +632,23 @@ def test_counts_say_what_the_cache_holds():
     assert cache.counts() == CacheCounts(
         nodes=2, gpus=2, pods=2, placed=2, assumed=1, refused=0, problems=2
     )
+
+
+def test_a_pod_whose_allocation_becomes_readable_has_no_problem_any_more():
+    cache = started()
+    cache.apply_pod(EventType.ADDED, pod("p", mem=1, annotations={"gpushare.io/allocation": "{"}))
+    assert cache.pod_problem("default/p") is not None
+    cache.apply_pod(EventType.MODIFIED, pod("p", mem=1))
+    assert cache.pod_problem("default/p") is None and cache.counts().problems == 0
+
+
+def test_the_policies_learn_again_of_a_pod_only_after_100000_newer_ones():
+    counting = Counting()
+    cache = SchedulerCache("counting", policies={**POLICIES, "counting": lambda: counting})
+    cache.replace_nodes([])
+    cache.replace_pods([])
+    for i in range(100_001):
+        cache.filter(f"default/p{i}", f"u{i}", request(mem=4), None, [])
+    for uid, mem in (("u1", 5), ("u100000", 6), ("u0", 7)):  # only the oldest was forgotten
+        cache.filter("default/again", uid, request(mem=mem), None, [])
+    assert [r.total_mem for r in counting.observed[100_001:]] == [7]

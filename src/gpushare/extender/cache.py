@@ -513,7 +513,7 @@ class SchedulerCache:
         """policy.observe(request), once per pod, for each policy that may place it."""
         if uid in self._observed:
             return
-        self._observed[uid] = None
+        self._observed[uid] = None  # pragma: no mutate: an ordered set, values unread
         if len(self._observed) > _OBSERVED_LIMIT:
             self._observed.popitem(last=False)
         for name in self._policies(pod_policy):

@@ -652,3 +652,13 @@ def test_the_policies_learn_again_of_a_pod_only_after_100000_newer_ones():
     for uid, mem in (("u1", 5), ("u100000", 6), ("u0", 7)):  # only the oldest was forgotten
         cache.filter("default/again", uid, request(mem=mem), None, [])
     assert [r.total_mem for r in counting.observed[100_001:]] == [7]
+
+
+def test_an_unreadable_allocation_is_logged_once_until_it_changes(caplog):
+    cache = started()
+    for value in ("{", "{", "[]"):
+        cache.apply_pod(
+            EventType.MODIFIED, pod("p", mem=1, annotations={annotation.ALLOCATION: value})
+        )
+    assert [m.split(":")[0] for m in caplog.messages] == ["pod default/p", "pod default/p"]
+    assert caplog.messages[0] != caplog.messages[1]

@@ -85,6 +85,8 @@ def test_the_memory_answer_carries_the_files_of_the_containers_gpus(make_rig, tm
         "/dev/nvidia-uvm",
         "/dev/nvidia1",
     ]
+    # read-write, as the NVIDIA device plugin hands them: CUDA opens them for writing
+    assert [d.permissions for d in main.devices] == ["rw", "rw", "rw"]
     assert len(main.device_ids[GPU_CORE]) == 10
 
 

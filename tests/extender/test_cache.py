@@ -662,3 +662,11 @@ def test_an_unreadable_allocation_is_logged_once_until_it_changes(caplog):
         )
     assert [m.split(":")[0] for m in caplog.messages] == ["pod default/p", "pod default/p"]
     assert caplog.messages[0] != caplog.messages[1]
+
+
+def test_without_scheduler_names_no_pod_is_looked_at_for_an_unserved_name():
+    cache = started()  # no served_schedulers
+    woken = []
+    cache.on_unserved = lambda: woken.append(1)
+    cache.apply_pod(EventType.ADDED, unserved_pods(1)[0])
+    assert woken == [] and cache.take_unserved() == []

@@ -670,3 +670,10 @@ def test_without_scheduler_names_no_pod_is_looked_at_for_an_unserved_name():
     cache.on_unserved = lambda: woken.append(1)
     cache.apply_pod(EventType.ADDED, unserved_pods(1)[0])
     assert woken == [] and cache.take_unserved() == []
+
+
+def test_a_relisting_showing_the_pod_bound_ends_its_reservation():
+    cache = started()
+    assume(cache, "p", 10)
+    cache.replace_pods([pod("p", mem=10, node="n")])  # bound, its allocation not shown
+    assert not cache.assumed_keys() and used(cache) == 0

@@ -677,3 +677,11 @@ def test_a_relisting_showing_the_pod_bound_ends_its_reservation():
     assume(cache, "p", 10)
     cache.replace_pods([pod("p", mem=10, node="n")])  # bound, its allocation not shown
     assert not cache.assumed_keys() and used(cache) == 0
+
+
+def test_a_reservation_kept_through_a_relisting_is_freed_when_its_bind_fails():
+    cache = started()
+    assume(cache, "p", 10)
+    cache.replace_pods([pod("p", mem=10)])
+    cache.forget("default/p", "uid-p")
+    assert used(cache) == 0 and refusal(cache, 16) == ""

@@ -685,3 +685,23 @@ def test_a_reservation_kept_through_a_relisting_is_freed_when_its_bind_fails():
     cache.replace_pods([pod("p", mem=10)])
     cache.forget("default/p", "uid-p")
     assert used(cache) == 0 and refusal(cache, 16) == ""
+
+
+def test_an_unreadable_node_told_again_unchanged_is_logged_once(caplog):
+    cache = started()
+    cache.apply_node(EventType.MODIFIED, unreadable("n"))
+    cache.apply_node(EventType.MODIFIED, unreadable("n"))  # a status update
+    assert len(caplog.messages) == 1 and caplog.messages[0].startswith("node n: ")
+    assert "gpushare.io/gpus is malformed" in refusal(cache, 1)
+
+
+def test_a_node_relabelled_away_from_a_policy_no_longer_teaches_it():
+    counting = Counting()
+    cache = SchedulerCache(policies={**POLICIES, "counting": lambda: counting})
+    cache.replace_nodes([node("n", "1x16GiB", **{"ack.node.gpu.placement": "counting"})])
+    cache.replace_pods([])
+    cache.apply_node(
+        EventType.MODIFIED, node("n", "1x16GiB", **{"ack.node.gpu.placement": "spread"})
+    )
+    cache.filter("default/p", "uid-p", request(mem=4), None, ["n"])
+    assert counting.observed == []

@@ -705,3 +705,17 @@ def test_a_node_relabelled_away_from_a_policy_no_longer_teaches_it():
     )
     cache.filter("default/p", "uid-p", request(mem=4), None, ["n"])
     assert counting.observed == []
+
+
+def test_a_policy_learns_while_any_node_still_names_it():
+    counting = Counting()
+    cache = SchedulerCache(policies={**POLICIES, "counting": lambda: counting})
+    label = {"ack.node.gpu.placement": "counting"}
+    cache.replace_nodes([node("a", "1x16GiB", **label), node("b", "1x16GiB", **label)])
+    cache.replace_pods([])
+    cache.apply_node(EventType.MODIFIED, node("a", "1x16GiB"))
+    cache.filter("default/p", "uid-p", request(mem=4), None, ["a", "b"])
+    assert len(counting.observed) == 1
+    cache.apply_node(EventType.MODIFIED, node("b", "1x16GiB"))
+    cache.filter("default/q", "uid-q", request(mem=4), None, ["a", "b"])
+    assert len(counting.observed) == 1

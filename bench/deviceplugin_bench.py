@@ -290,9 +290,10 @@ def bench_reregistration(restarts: int) -> list[float]:
     """Seconds from a kubelet restart (kubelet.sock re-created, plugin sockets
     wiped) until the plugin has registered every resource again."""
     took = []
-    with tempfile.TemporaryDirectory(prefix="gp-bench-rereg-") as tmp, Node(
-        Path(tmp), "2x16GiB", "share"
-    ) as node:
+    with (
+        tempfile.TemporaryDirectory(prefix="gp-bench-rereg-") as tmp,
+        Node(Path(tmp), "2x16GiB", "share") as node,
+    ):
         wanted = len(node.plugin.node.snapshot().advertised)
         for _ in range(restarts):
             expected = len(node.kubelet.registrations) + wanted
@@ -356,9 +357,7 @@ def main() -> None:
                 bench_floor(args.calls, caller, gap),
             )
     _report("The plugin's own work per Allocate, in process", bench_in_process(args.calls))
-    _report(
-        "Re-registration after a kubelet restart (target p99 < 1 s)", bench_reregistration(20)
-    )
+    _report("Re-registration after a kubelet restart (target p99 < 1 s)", bench_reregistration(20))
     sizes = bench_list_size()
     print("ListAndWatch full list, core_mem node with 8 x 141 GiB GPUs:")
     for resource, size in sizes.items():

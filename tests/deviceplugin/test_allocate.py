@@ -273,17 +273,22 @@ def test_answers_of_deleted_pods_are_forgotten(make_rig):
     assert "gone" not in (rig.kubelet.plugin_dir / "gpushare-grants.jsonl").read_text()
 
 
-def test_a_pod_placed_by_acks_scheduler_gets_the_uuid_of_its_gpu(make_rig):
-    rig = make_rig(layout="2x16GiB").start()
+def _bind_as_ack(rig, gpu: int, **more: str) -> None:
+    """Pod "ack" (3 GiB) bound to `gpu` the way ACK's scheduler writes it."""
     rig.cluster.create_pod(pod_spec("ack", mem=3))
     ack_keys = {
-        "ALIYUN_COM_GPU_MEM_IDX": "1",
+        "ALIYUN_COM_GPU_MEM_IDX": str(gpu),
         "ALIYUN_COM_GPU_MEM_POD": "3",
-        "ALIYUN_COM_GPU_MEM_DEV": "16",
         "ALIYUN_COM_GPU_MEM_ASSUME_TIME": "1700000000000000000",
         "ALIYUN_COM_GPU_MEM_ASSIGNED": "false",
+        **more,
     }
     rig.cluster.bind_pod("default", "ack", rig.node, annotations=ack_keys)
+
+
+def test_a_pod_placed_by_acks_scheduler_gets_the_uuid_of_its_gpu(make_rig):
+    rig = make_rig(layout="2x16GiB").start()
+    _bind_as_ack(rig, 1, ALIYUN_COM_GPU_MEM_DEV="16")
 
     [main] = rig.kubelet.admit(rig.cluster.get_pod("default", "ack"))
 
@@ -300,14 +305,7 @@ def test_a_pod_placed_by_acks_scheduler_gets_the_uuid_of_its_gpu(make_rig):
 
 def test_a_pod_placed_by_acks_scheduler_without_the_gpus_size_gets_it_from_the_node(make_rig):
     rig = make_rig(layout="2x16GiB").start()
-    rig.cluster.create_pod(pod_spec("ack", mem=3))
-    ack_keys = {
-        "ALIYUN_COM_GPU_MEM_IDX": "0",
-        "ALIYUN_COM_GPU_MEM_POD": "3",
-        "ALIYUN_COM_GPU_MEM_ASSUME_TIME": "1700000000000000000",
-        "ALIYUN_COM_GPU_MEM_ASSIGNED": "false",
-    }
-    rig.cluster.bind_pod("default", "ack", rig.node, annotations=ack_keys)
+    _bind_as_ack(rig, 0)
 
     [main] = rig.kubelet.admit(rig.cluster.get_pod("default", "ack"))
 

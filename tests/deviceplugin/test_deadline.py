@@ -169,12 +169,55 @@ def test_an_allocate_right_after_a_preference_that_waited_in_vain_keeps_its_dead
     assert _preferred(rig, _ids(rig, 4), 2) == []
 
     started = time.monotonic()
-    with pytest.raises(grpc.RpcError):
+    with pytest.raises(grpc.RpcError) as refused:
         allocate(rig, GPU_MEM, _ids(rig, count))
     waited = time.monotonic() - started
 
     # A fresh deadline cannot end sooner than its 2 s.
     assert (waited >= rig.answer_within) is waits_again
+    # Either way the refusal tells the wait the container had: one deadline of 2 s.
+    assert "(waited 2 s for the API watch to show one)" in refused.value.details()
+
+
+def test_an_allocate_behind_a_pod_list_locked_past_its_deadline_times_out_saying_so(
+    make_rig, caplog
+):
+    """The watch holds the pod list while it applies a relist; an Allocate that
+    cannot get it before its deadline ends DEADLINE_EXCEEDED (the kubelet retries),
+    not a refusal of the pod, and the metrics count it as a timeout."""
+    rig = make_rig(layout="2x16GiB", answer_within=0.2).start()
+    rig.bind("p", [[0]], mem=2)
+    listing, release = threading.Event(), threading.Event()
+
+    def stuck_relist():
+        listing.set()
+        release.wait(WAIT)
+        yield from rig.cluster.list_pods(rig.node).items
+
+    relist = threading.Thread(target=rig.plugin.queue.replace, args=(stuck_relist(),))
+    relist.start()
+    try:
+        assert listing.wait(WAIT)
+        with (
+            caplog.at_level(logging.WARNING, logger="gpushare.deviceplugin"),
+            pytest.raises(grpc.RpcError) as timed_out,
+        ):
+            allocate(rig, GPU_MEM, _ids(rig, 2))
+    finally:
+        release.set()
+        relist.join()
+
+    assert timed_out.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert timed_out.value.details() == (
+        "Allocate for 2 aliyun.com/gpu-mem on node n1 gave up: the list of pods bound to "
+        "node n1 stayed locked until its deadline (0.2 s)"
+    )
+    metrics = rig.plugin.metrics
+    failures = "gpushare_device_plugin_allocation_failures_total"
+    assert metrics.value(failures, resource=GPU_MEM, reason="timeout") == 1
+    assert metrics.value(TIMEOUTS, call="Allocate", resource=GPU_MEM) == 1
+    # The pod is still there for the kubelet's next try.
+    assert allocate(rig, GPU_MEM, _ids(rig, 2)).envs[POD] == "default/p"
 
 
 def test_a_step_after_an_answer_that_hangs_holds_up_no_later_call(make_rig):

@@ -32,4 +32,6 @@ class BestFitPolicy(PlacementPolicy):
         cpu_left = None if view.cpu_free is None else view.cpu_free - (request.cpu_milli or 0)
         waste = 0.0 if cpu_left is None else cpu_left / CPU_SCALE * 0.5
         waste += gpu_left / GPU_SCALE * 0.5
-        return float(min(max(math.floor((1.0 - waste) * 100), 0), 100))
+        # Never above 100: the pod fits, so no term is negative. Below 0 on nodes
+        # larger than the paper's scales (more than 8 GPUs or 128 cores left).
+        return float(max(math.floor((1.0 - waste) * 100), 0))

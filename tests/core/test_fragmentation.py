@@ -128,6 +128,20 @@ def test_bestfit_takes_the_fullest_gpu_and_scores_cpu_and_gpu_left():
     assert result.score == 65
 
 
+def test_bestfit_leaves_the_cpu_of_a_pod_that_asks_none_on_the_node():
+    # floor(100 * (1 - 2561/128000/2 - 0/8000/2)) = floor(98.9996): a milli-CPU counted
+    # for the pod would make it 99.
+    state = milli_node(gpus=1, cpu=2561)
+    result = evaluate(state.view(), sharing(1000, cpu=0), BestFitPolicy())
+    assert isinstance(result, Placement) and result.score == 98
+
+
+def test_bestfit_scores_a_node_larger_than_the_papers_scales_zero_not_below():
+    # 19.9 GPUs left: 1 - 19900/8000/2 < 0. Still a place the pod fits, at the bottom.
+    result = evaluate(milli_node(gpus=20).view(), sharing(100), BestFitPolicy())
+    assert isinstance(result, Placement) and result.score == 0
+
+
 def test_the_typical_workload_keeps_the_popular_shapes_covering_95_percent():
     a, b, c, d = (TaskShape(gpus=1, mem=m, core=m) for m in (100, 200, 300, 400))
     kept = Workload.typical({a: 50, b: 30, c: 15, d: 5})

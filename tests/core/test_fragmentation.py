@@ -7,6 +7,7 @@ from gpushare.bestfit import BestFitPolicy
 from gpushare.fgd import FgdPolicy
 from gpushare.fragmentation import Fragmentation, devices, free_milli, models
 from gpushare.placement import Placement, evaluate, to_allocation
+from gpushare.request import ContainerRequest, ContainerRole, PodRequest
 from gpushare.state import NodeState
 from gpushare.workload import TaskShape, Workload
 from tests.builders import T0
@@ -140,6 +141,23 @@ def test_bestfit_scores_a_node_larger_than_the_papers_scales_zero_not_below():
     # 19.9 GPUs left: 1 - 19900/8000/2 < 0. Still a place the pod fits, at the bottom.
     result = evaluate(milli_node(gpus=20).view(), sharing(100), BestFitPolicy())
     assert isinstance(result, Placement) and result.score == 0
+
+
+def test_bestfit_counts_what_a_slice_leaves_by_the_scarcer_of_memory_and_compute():
+    # 200 milli of memory and 600 of compute: the GPU keeps 800 and 400, so 400 milli-GPU.
+    # floor(100 * (1 - 16000/128000/2 - 400/8000/2)) = floor(91.25)
+    slice_ = ContainerRequest("main", ContainerRole.APP, 0, gpus=1, mem=200, core=600)
+    result = evaluate(milli_node(gpus=1).view(), PodRequest((slice_,)), BestFitPolicy())
+    assert isinstance(result, Placement) and result.score == 91
+
+
+def test_fgd_counts_the_gpu_its_slice_fills_with_pods_as_a_fragment():
+    # One pod per GPU: the 300-milli slice leaves GPU 0 with 700 free that no other pod
+    # may use. F goes 0 -> 700: floor(100 * sigmoid(-0.7)) = 33.
+    workload = Workload(((TaskShape(gpus=1, mem=300, core=300), 1.0),))
+    state = milli_node(gpus=2, max_pods_per_gpu=1)
+    result = evaluate(state.view(), sharing(300, cpu=0), FgdPolicy(workload))
+    assert isinstance(result, Placement) and result.score == 33
 
 
 def test_the_typical_workload_keeps_the_popular_shapes_covering_95_percent():

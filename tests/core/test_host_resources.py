@@ -14,14 +14,20 @@ from tests.builders import T0, node_state, request
 BINPACK = BinpackPolicy()
 
 
-def milli_node(gpus: int = 2, cpu: int = 16_000, memory: int = 65_536, model: str = "T4"):
+def milli_node(
+    gpus: int = 2,
+    cpu: int = 16_000,
+    memory: int = 65_536,
+    model: str = "T4",
+    max_pods_per_gpu: int = 1_000_000,
+):
     """A node as the simulator builds it: GPUs of 1000 milli, CPU and memory tracked."""
     inventory = NodeGpus(
         node="sim",
         mode=NodeMode.CORE_MEM,
         placement=PlacementMode.BINPACK,
         gpus=tuple(Gpu(i, "", mem=1000, model=model, core=1000) for i in range(gpus)),
-        max_pods_per_gpu=1_000_000,
+        max_pods_per_gpu=max_pods_per_gpu,
         cpu_milli=cpu,
         memory_mib=memory,
     )

@@ -184,7 +184,7 @@ class LearnedWorkload:
         pods move the distribution most, and what is placed early stays."""
         seen = self._seen
         if seen < self._check_every:
-            return seen >= 8 and seen & (seen - 1) == 0
+            return seen >= 8 and seen.bit_count() == 1  # a power of two
         return seen % self._check_every == 0
 
     def _rescale(self) -> None:

@@ -14,6 +14,7 @@ from gpushare.request import PodRequest
 from gpushare.state import NodeState
 from gpushare.workload import PRIOR, LearnedWorkload, TaskShape, Workload
 from tests.builders import T0, container, node_state, request
+from tests.core.test_host_resources import milli_node, sharing
 from tests.core.test_preemption import put
 
 # Learned on Kubernetes: shapes in GiB, no CPU.
@@ -311,6 +312,16 @@ def test_the_shape_of_a_pod_without_gpus_keeps_its_cpu_and_gpu_model():
     spec = frozenset({"T4"})
     cpu_only = PodRequest((), cpu_milli=1500, memory_mib=1024, gpu_spec=spec)
     assert TaskShape.of(cpu_only) == TaskShape(gpus=0, cpu_milli=1500, gpu_spec=spec)
+
+
+def test_the_shape_of_a_gpu_pod_keeps_its_cpu_and_the_gpu_models_it_accepts():
+    # A learned pod asking for V100s must not count as fitting on a node of T4s.
+    picky = sharing(300, cpu=500, spec=frozenset({"V100M16"}))
+    shape = TaskShape.of(picky)
+    assert shape == TaskShape(gpus=1, mem=300, core=300, cpu_milli=500, gpu_spec=picky.gpu_spec)
+    frag = Fragmentation(Workload(((shape, 1.0),)))
+    t4s = milli_node(gpus=2, model="T4")
+    assert frag.of_view(t4s.view()) == pytest.approx(2000)  # all of it: the pod cannot come
 
 
 def test_a_fixed_workload_is_judged_by_its_shapes_covering_95_percent():

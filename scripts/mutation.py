@@ -2,11 +2,14 @@
 
     scripts/mutation                      every module of the scope
     scripts/mutation src/gpushare/request.py ...   those modules (must be in the scope)
-    scripts/mutation --changed-since REF  the modules of the scope changed since REF
+    scripts/mutation --changed-since REF  the functions of the scope changed since REF
+                (a whole module where code outside its functions changed)
     --check     exit 1 when a module is under the bar (BAR percent killed) and under
                 its recorded score: a module may not slide back, one under the bar
                 may not get worse (the CI step: ./scripts/test, --changed-since HEAD~1);
-                a module not recorded yet is reported, not held
+                a module not recorded yet is reported, not held. After a run of
+                changed functions a module is judged by its record with those
+                functions' figures replaced by this run's
     --record    write the scores of this run into docs/mutation-scores.json
     --retest    run only the mutants not killed yet (survived, no tests, never run):
                 after writing tests for survivors, minutes instead of the module's run
@@ -23,6 +26,7 @@ with `# pragma: no mutate` and a reason on the same line; mutmut does not make i
 """
 
 import argparse
+import ast
 import fnmatch
 import json
 import re
@@ -41,6 +45,8 @@ RECORD = ROOT / "docs" / "mutation-scores.json"
 
 _KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 _RESULT = re.compile(r"^\s+(?P<name>\S+): (?P<status>.+)$")
+_FUNCTION = re.compile(r"^(?P<module>.+)\.(?P<function>x[^.]+)__mutmut_\d+$")
+"""gpushare.request.x_parse__mutmut_3, gpushare.request.xǁClassǁmethod__mutmut_1"""
 
 
 @dataclass
@@ -50,6 +56,9 @@ class ModuleScore:
     survivors: list[str] = field(default_factory=list)
     not_killed: list[str] = field(default_factory=list)
     """Names of the survivors and of the mutants never run."""
+    functions: dict[str, list[int]] = field(default_factory=dict)
+    """[mutants tried, killed] per function (mutmut's name for it, x_name or
+    xǁClassǁmethod), what --record keeps so a run of changed functions can be judged."""
 
     @property
     def total(self) -> int:
@@ -81,6 +90,48 @@ def in_scope(path: str, patterns: list[str]) -> bool:
 def module_of(path: str) -> str:
     """src/gpushare/extender/binder.py -> gpushare.extender.binder"""
     return path.removeprefix("src/").removesuffix(".py").replace("/", ".")
+
+
+def function_sources(source: str) -> tuple[dict[str, str], str]:
+    """The text of each function mutmut mutates (top-level functions and the methods of
+    top-level classes, by mutmut's names for them) and the rest of the module. Text, not
+    the syntax tree: a `# pragma: no mutate` added or removed changes the mutants."""
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    functions: dict[str, str] = {}
+    taken: set[int] = set()
+
+    def keep(name: str, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        end = node.end_lineno or node.lineno
+        functions[name] = "\n".join(lines[first - 1 : end])
+        taken.update(range(first, end + 1))
+
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            keep(f"x_{node.name}", node)
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    keep(f"xǁ{node.name}ǁ{item.name}", item)
+    rest = "\n".join(line for n, line in enumerate(lines, 1) if n not in taken and line.strip())
+    return functions, rest
+
+
+def changed_functions(ref: str, path: str) -> set[str] | None:
+    """mutmut's names of the functions of `path` changed (or added) since `ref`; None
+    when the module changed outside its functions (constants, imports, class bodies:
+    any mutant may behave differently) or is new."""
+    before = subprocess.run(
+        ["git", "show", f"{ref}:{path}"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if before.returncode != 0:
+        return None
+    old_functions, old_rest = function_sources(before.stdout)
+    new_functions, new_rest = function_sources((ROOT / path).read_text())
+    if old_rest != new_rest:
+        return None
+    return {name for name, text in new_functions.items() if old_functions.get(name) != text}
 
 
 def changed_since(ref: str) -> list[str]:
@@ -115,16 +166,26 @@ def targets(args: argparse.Namespace) -> list[str]:
                   if in_scope(str(p.relative_to(ROOT)), patterns))  # fmt: skip
 
 
+_NO_MATCH = "Filtered for specific mutants, but nothing matches"
+"""mutmut's refusal of a run whose names match no mutant (changed functions it has
+nothing to mutate in: a docstring, `# pragma: no mutate` lines)."""
+
+
 def mutmut(*args: str, quiet: bool = False) -> str:
     run = subprocess.run(
         [sys.executable, "-m", "mutmut", *args],
         cwd=ROOT,
-        capture_output=quiet,
+        stdout=subprocess.PIPE if quiet else None,
+        stderr=subprocess.PIPE,
         text=True,
         check=False,
     )
-    if run.returncode != 0:
-        sys.exit(f"mutmut {' '.join(args)} failed (exit {run.returncode})\n{run.stderr or ''}")
+    if run.returncode != 0 and args[0] == "run" and _NO_MATCH in run.stderr:
+        print("mutation: the functions named have no mutants")
+    elif run.returncode != 0:
+        sys.exit(f"mutmut {' '.join(args)} failed (exit {run.returncode})\n{run.stderr}")
+    else:
+        sys.stderr.write(run.stderr)
     return run.stdout or ""
 
 
@@ -132,18 +193,39 @@ def scores(modules: list[str]) -> list[ModuleScore]:
     by_module = {m: ModuleScore(m) for m in modules}
     for line in mutmut("results", "--all", "true", quiet=True).splitlines():
         match = _RESULT.match(line)
-        if match is None:
+        named = _FUNCTION.match(match["name"]) if match is not None else None
+        if match is None or named is None or named["module"] not in by_module:
             continue
-        name, status = match["name"], match["status"]
-        # gpushare.request.x_parse__mutmut_3, gpushare.request.xǁClassǁmethod__mutmut_1
-        module = name.rsplit(".", 1)[0]
-        if module in by_module:
-            by_module[module].statuses[status] += 1
-            if status not in _KILLED:
-                by_module[module].not_killed.append(name)
-                if status != "not checked":
-                    by_module[module].survivors.append(f"{name} ({status})")
+        name, status, result = match["name"], match["status"], by_module[named["module"]]
+        result.statuses[status] += 1
+        tally = result.functions.setdefault(named["function"], [0, 0])
+        if status != "not checked":
+            tally[0] += 1
+        if status in _KILLED:
+            tally[1] += 1
+        else:
+            result.not_killed.append(name)
+            if status != "not checked":
+                result.survivors.append(f"{name} ({status})")
     return list(by_module.values())
+
+
+def judged(result: ModuleScore, changed: set[str], path: str, recorded: dict) -> ModuleScore:
+    """The module as its record stands with the changed functions' figures taken from
+    this run (and functions no longer in the module dropped): the score the module
+    would have after a full run, without running the functions nobody touched."""
+    record = recorded.get(result.module, {}).get("functions")
+    if record is None:
+        return result
+    present, _ = function_sources((ROOT / path).read_text())
+    estimate = ModuleScore(result.module, survivors=result.survivors)
+    for function in present:
+        fresh = result.functions.get(function, [0, 0])
+        mutants, killed = fresh if function in changed else record.get(function, fresh)
+        estimate.functions[function] = [mutants, killed]
+        estimate.statuses["killed"] += killed
+        estimate.statuses["survived"] += mutants - killed
+    return estimate
 
 
 def report(results: list[ModuleScore], show_diffs: bool) -> None:
@@ -190,17 +272,34 @@ def main() -> int:
         print("mutation: no module of the scope to test")
         return 0
     modules = [module_of(p) for p in paths]
+    # Per module, the functions changed since the ref (None: all of the module).
+    changed = {
+        module_of(p): changed_functions(args.changed_since, p) if args.changed_since else None
+        for p in paths
+    }
+    patterns = [
+        pattern
+        for module, functions in changed.items()
+        for pattern in ([f"{module}.*"] if functions is None else
+                        [f"{module}.{f}__mutmut_*" for f in sorted(functions)])
+    ]  # fmt: skip
     print(f"mutation: {len(modules)} module(s): {', '.join(modules)}", flush=True)
+    for module, functions in changed.items():
+        if functions is not None:
+            print(f"mutation: {module}: changed functions: {', '.join(sorted(functions)) or '-'}")
     if args.retest:
         names = [name for r in scores(modules) for name in r.not_killed]
         print(f"mutation: retesting {len(names)} mutant(s) not killed yet", flush=True)
         if names:
             mutmut("run", "--max-children", str(args.max_children), *names)
-    elif not args.no_run:
-        mutmut("run", "--max-children", str(args.max_children), *(f"{m}.*" for m in modules))
-    results = scores(modules)
-    report(results, show_diffs=not args.no_diffs)
+    elif not args.no_run and patterns:
+        mutmut("run", "--max-children", str(args.max_children), *patterns)
     recorded = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+    results = [
+        r if changed[r.module] is None else judged(r, changed[r.module], p, recorded)
+        for r, p in zip(scores(modules), paths, strict=True)
+    ]
+    report(results, show_diffs=not args.no_diffs)
     if args.record:
         for r in results:
             if r.unchecked:
@@ -210,6 +309,7 @@ def main() -> int:
                 "mutants": r.total,
                 "killed": r.killed,
                 "score": round(r.score, 1),
+                "functions": dict(sorted(r.functions.items())),
             }
         RECORD.write_text(json.dumps(dict(sorted(recorded.items())), indent=2) + "\n")
         print(f"\nrecorded in {RECORD.relative_to(ROOT)}")

@@ -130,3 +130,131 @@ def test_changed_since_keeps_the_changed_modules_of_the_scope(monkeypatch, chang
     )
     args = mutation.argparse.Namespace(changed_since="HEAD~1", paths=[])
     assert mutation.targets(args) == expected
+
+
+MODULE = '''"""A module."""
+LIMIT = 3
+
+
+def parse(text):
+    return text.strip()
+
+
+class Shape:
+    size = 1
+
+    @property
+    def area(self):
+        return self.size * self.size
+
+    def grow(self, by):
+        return self.size + by
+'''
+
+
+def _committed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str) -> Path:
+    """A git repository holding src/gpushare/shape.py as `source`, as the checkout."""
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    path = tmp_path / "src" / "gpushare" / "shape.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+    monkeypatch.setattr(mutation, "ROOT", tmp_path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("return text.strip()", "return text.lstrip()", {"x_parse"}),
+        ("return self.size + by", "return self.size - by", {"xǁShapeǁgrow"}),
+        ("return self.size * self.size", "return self.size ** 2", {"xǁShapeǁarea"}),
+        # The mutants change though the syntax does not: the function counts as changed.
+        (
+            "return self.size + by",
+            "return self.size + by  # pragma: no mutate: a reason",
+            {"xǁShapeǁgrow"},
+        ),
+        ("A module.", "The module.", None),  # outside any function: every mutant may change
+        ("LIMIT = 3", "LIMIT = 4", None),
+        ("    size = 1", "    size = 2", None),  # a class body
+    ],
+)
+def test_changed_since_names_the_functions_a_change_touched(
+    tmp_path, monkeypatch, old, new, expected
+):
+    path = _committed(tmp_path, monkeypatch, MODULE)
+    assert old in MODULE
+    path.write_text(MODULE.replace(old, new))
+    assert mutation.changed_functions("HEAD", "src/gpushare/shape.py") == expected
+
+
+def test_a_new_function_is_changed_and_a_new_module_is_all_changed(tmp_path, monkeypatch):
+    path = _committed(tmp_path, monkeypatch, MODULE)
+    path.write_text(MODULE.replace("class Shape:", "def extra():\n    return 1\n\n\nclass Shape:"))
+    assert mutation.changed_functions("HEAD", "src/gpushare/shape.py") == {"x_extra"}
+    (path.parent / "new.py").write_text("def f():\n    return 1\n")
+    assert mutation.changed_functions("HEAD", "src/gpushare/new.py") is None
+
+
+def test_a_run_of_changed_functions_is_judged_with_the_rest_of_the_module_as_recorded(
+    tmp_path, monkeypatch
+):
+    path = _committed(tmp_path, monkeypatch, MODULE)
+    path.write_text(MODULE.replace("return self.size + by", "return self.size - by"))
+    recorded = {
+        "gpushare.shape": {
+            "score": 79.0,
+            # parse and area as the last full run left them; `gone` was since removed.
+            "functions": {"x_parse": [10, 10], "xǁShapeǁarea": [10, 6], "x_gone": [5, 0]},
+        }
+    }
+    run = mutation.ModuleScore("gpushare.shape")
+    run.functions = {"xǁShapeǁgrow": [4, 3], "x_parse": [10, 2]}  # parse: stale cached results
+
+    estimate = mutation.judged(run, {"xǁShapeǁgrow"}, "src/gpushare/shape.py", recorded)
+
+    assert estimate.functions == {
+        "x_parse": [10, 10],
+        "xǁShapeǁarea": [10, 6],
+        "xǁShapeǁgrow": [4, 3],
+    }
+    assert (estimate.total, estimate.killed) == (24, 19)
+    assert (
+        mutation.verdict(estimate, recorded) == "under the bar (85%), not below its record (79.0%)"
+    )
+
+
+def test_the_ci_step_runs_only_the_mutants_of_the_changed_functions(tmp_path, monkeypatch):
+    path = _committed(tmp_path, monkeypatch, MODULE)
+    path.write_text(MODULE.replace("return self.size + by", "return self.size - by"))
+    monkeypatch.setattr(mutation, "scope", lambda: ["src/gpushare/*.py"])
+    runs: list[tuple[str, ...]] = []
+
+    def fake(*args: str, quiet: bool = False) -> str:
+        runs.append(args)
+        return "    gpushare.shape.xǁShapeǁgrow__mutmut_1: killed\n"
+
+    monkeypatch.setattr(mutation, "mutmut", fake)
+    monkeypatch.setattr(mutation, "RECORD", tmp_path / "scores.json")
+    monkeypatch.setattr(sys, "argv", ["mutation", "--changed-since", "HEAD", "--check"])
+    assert mutation.main() == 0
+    assert runs[0] == ("run", "--max-children", "2", "gpushare.shape.xǁShapeǁgrow__mutmut_*")
+
+
+def test_functions_without_mutants_are_reported_not_failed(monkeypatch, capsys):
+    refused = subprocess.CompletedProcess(
+        [], 1, stdout=None, stderr=f"AssertionError: {mutation._NO_MATCH}\n\nFilter: ..."
+    )
+    monkeypatch.setattr(mutation.subprocess, "run", lambda *a, **k: refused)
+    assert mutation.mutmut("run", "gpushare.shape.x_parse__mutmut_*") == ""
+    assert "the functions named have no mutants" in capsys.readouterr().out
+    broken = subprocess.CompletedProcess([], 1, stdout=None, stderr="Traceback: boom")
+    monkeypatch.setattr(mutation.subprocess, "run", lambda *a, **k: broken)
+    with pytest.raises(SystemExit, match="boom"):
+        mutation.mutmut("run", "gpushare.shape.x_parse__mutmut_*")

@@ -116,6 +116,31 @@ def test_fgd_scores_cpu_only_pods_by_the_cpu_they_take():
     assert result.score == 42  # floor(100 * sigmoid(-0.3))
 
 
+def test_fgd_judges_the_node_before_a_pod_by_the_cpu_it_has_now():
+    # 1500 CPU: the whole-GPU task (2000) does not fit before, F = 1100 (as above). A
+    # CPU-only pod of 500 leaves 1000: still F = .5*300 + .3*1900 + .2*1900 = 1100. No
+    # growth: 50. Judging "before" without the CPU (F = 800) would make it 42.
+    result = evaluate(loaded(cpu=1500).view(), cpu_only(500), FgdPolicy(WORKLOAD))
+    assert isinstance(result, Placement) and result.score == 50
+
+
+def test_fgd_judges_a_slice_by_the_cpu_left_before_and_after_it():
+    # 1500 CPU before (F = 1100); the slice takes 1000, leaving 500: no task of the
+    # workload fits any more, F = G = 1600 wherever it lands: growth 500, score 37.
+    # Without the CPU before: growth 800 (31); without it after: F = 500 (64).
+    result = evaluate(loaded(cpu=1500).view(), sharing(300, cpu=1000), FgdPolicy(WORKLOAD))
+    assert isinstance(result, Placement) and result.score == 37
+
+
+@pytest.mark.parametrize(("pod", "score"), [(sharing(300), 57), (whole(1), 73)])
+def test_fgd_counts_all_of_a_node_of_the_wrong_model_as_fragment_before_and_after(pod, score):
+    # The workload runs on A100s only: on these T4s every free milli-GPU is a fragment,
+    # so a pod's growth is minus what it takes: -300 (57) or -1000 (73).
+    picky = Workload(((TaskShape(gpus=1, mem=100, core=100, gpu_spec=frozenset({"A100"})), 1.0),))
+    result = evaluate(milli_node(gpus=2).view(), pod, FgdPolicy(picky))
+    assert isinstance(result, Placement) and result.score == score
+
+
 def test_bestfit_takes_the_fullest_gpu_and_scores_cpu_and_gpu_left():
     state = milli_node(gpus=3, cpu=64_000 + 2000)
     for key, req in (("a", sharing(700, cpu=1000)), ("b", sharing(400, cpu=1000))):

@@ -51,6 +51,14 @@ def test_a_slice_completes_a_half_used_gpu_rather_than_opening_one(policy):
     assert state.used(0)[0] == 16 and state.used(1)[0] == 0
 
 
+def test_a_slice_tries_every_gpu_past_two_empty_alike_ones():
+    # GPUs 0 and 1 are empty (one judgement serves both); GPU 2 is half used: the slice
+    # completes it.
+    state = node_state("3x16GiB")
+    put(state, "a", 2, mem=8)
+    assert place(state, request(mem=8), FgdPolicy(HALF_GPUS), "b").assignment.gpus == ((2,),)
+
+
 @pytest.mark.parametrize("name", ["fgd", "fgd-lookahead"])
 def test_the_node_where_the_slice_fits_snugly_scores_higher(name):
     policy = policy_named(name).with_workload(HALF_GPUS)  # type: ignore[attr-defined]

@@ -96,7 +96,16 @@ def test_multi_gpu_split_must_be_even():
 
 @pytest.mark.parametrize("value", ["0", "two", "-2", "1.5"])
 def test_multi_gpu_label_must_be_a_positive_whole_number(value):
-    assert Rule.MULTI_GPU_LABEL in refused_rules(pod(mem=8, labels={"aliyun.com/gpu-count": value}))
+    # Refused for the label alone: the memory is not then judged as split in some way.
+    p = pod(mem=7, labels={"aliyun.com/gpu-count": value})
+    assert refused_rules(p) == {Rule.MULTI_GPU_LABEL}
+
+
+def test_a_multi_gpu_label_of_one_keeps_the_memory_on_one_gpu():
+    request = parse_pod_request(pod(mem=7, labels={"aliyun.com/gpu-count": "1"}))
+    assert request is not None
+    (c,) = request.containers
+    assert (c.gpus, c.mem, c.total_mem) == (1, 7, 7)
 
 
 def test_no_core_with_the_multi_gpu_label():

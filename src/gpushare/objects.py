@@ -14,7 +14,7 @@ from pydantic.alias_generators import to_camel
 def _quantities(value: Any) -> Any:
     # The API sends quantities as strings; YAML users and tests write numbers too.
     if isinstance(value, dict):
-        return {k: v if isinstance(v, str) else str(v) for k, v in value.items()}
+        return {k: str(v) for k, v in value.items()}
     return value
 
 

@@ -1,14 +1,18 @@
 """CPU, host memory and GPU model: tracked where the node says so (the simulator),
 left to the kube-scheduler on Kubernetes nodes, in milli-GPU units as the trace asks."""
 
+import pytest
+
 from gpushare import annotation
 from gpushare.errors import Refusal, Rule
+from gpushare.fgd import FgdPolicy
 from gpushare.inventory import Gpu, NodeGpus
 from gpushare.labels import NodeMode, PlacementMode
 from gpushare.placement import Placement, evaluate, to_allocation
 from gpushare.policies import BinpackPolicy
 from gpushare.request import ContainerRequest, ContainerRole, PodRequest
 from gpushare.state import NodeState
+from gpushare.workload import TaskShape, Workload
 from tests.builders import T0, node_state, request
 
 BINPACK = BinpackPolicy()
@@ -87,6 +91,7 @@ def test_a_pod_needing_more_host_memory_than_is_left_is_refused():
     state = milli_node(memory=8_192)
     found = evaluate(state.view(), sharing(100, memory=10_000), BINPACK)
     assert isinstance(found, Refusal) and found.rule is Rule.INSUFFICIENT_HOST_MEMORY
+    assert found.message == "the pod needs 10000 MiB of host memory; node sim has 8192 MiB left"
 
 
 def test_a_pod_asking_for_another_gpu_model_is_refused_for_good():
@@ -95,10 +100,35 @@ def test_a_pod_asking_for_another_gpu_model_is_refused_for_good():
     )
     assert isinstance(found, Refusal) and found.rule is Rule.GPU_MODEL
     assert not found.rule.resolvable
+    picky = sharing(100, spec=frozenset({"V100M16", "A100"}))
+    found = evaluate(milli_node(model="P100").view(), picky, BINPACK)
+    assert isinstance(found, Refusal)
+    assert found.message == "the pod accepts GPU models A100, V100M16; node sim has P100"
+    found = evaluate(milli_node(gpus=0).view(), picky, BINPACK)
+    assert isinstance(found, Refusal)
+    assert found.message == "the pod accepts GPU models A100, V100M16; node sim has none"
     ok = evaluate(
         milli_node(model="V100M16").view(), sharing(100, spec=frozenset({"V100M16", "T4"})), BINPACK
     )
     assert isinstance(ok, Placement)
+
+
+@pytest.mark.parametrize("policy", [BINPACK, FgdPolicy(Workload(((TaskShape(gpus=0), 1.0),)))])
+def test_on_a_node_of_mixed_models_a_slice_goes_only_to_a_model_it_accepts(policy):
+    gpus = (
+        Gpu(0, "", mem=1000, model="T4", core=1000),
+        Gpu(1, "", mem=1000, model="A100", core=1000),
+    )
+    state = NodeState(
+        NodeGpus("sim", NodeMode.CORE_MEM, PlacementMode.BINPACK, gpus, max_pods_per_gpu=10)
+    )
+    place(state, sharing(600), "t4-first")  # binpack would put the next slice with it
+    picky = sharing(300, spec=frozenset({"A100"}))
+    result = evaluate(state.view(), picky, policy)
+    assert isinstance(result, Placement) and result.assignment.gpus == ((1,),)
+    refused = evaluate(state.view(), sharing(300, spec=frozenset({"V100M16"})), policy)
+    assert isinstance(refused, Refusal)
+    assert refused.message == "the pod accepts GPU models V100M16; node sim has A100, T4"
 
 
 def test_a_cpu_only_pod_takes_cpu_and_no_gpu():

@@ -305,3 +305,14 @@ def test_prioritize_scores_a_pod_without_our_resources_zero_everywhere(cluster, 
         {"Host": "gpu", "Score": 0},
         {"Host": "unknown", "Score": 0},
     ]
+
+
+def test_prioritize_scores_the_nodes_a_pod_does_not_fit_on_zero(cluster, scheduler_for):
+    # kube-scheduler may ask for nodes its other filters passed: a node the pod does
+    # not fit on, or one the extender does not know, must not outscore nothing.
+    cluster.add_node(node("fits", "1x16GiB"))
+    cluster.add_node(node("small", "1x8GiB"))
+    s = scheduler_for()
+    scores = s.prioritize(s.submit(pod("big", mem=12)), ["fits", "small", "ghost"])
+    assert scores["small"] == 0 and scores["ghost"] == 0
+    assert scores["fits"] > 0

@@ -143,7 +143,7 @@ def test_pods_bound_deleted_or_admitted_meanwhile_are_not_patched(cluster, sched
     scheduler = full_node(cluster, scheduler_for)
     cluster.add_node(gpu_node("n2", parse_layout("1x16GiB", "n2")))
     cache = scheduler.service.cache
-    wait_until(lambda: cache.has_node("n2"), what="the watch to show n2")
+    wait_until(lambda: cache.counts().nodes == 2, what="the watch to show n2")
     bound = refused(scheduler, "bound")
     refused(scheduler, "deleted")
     admitted = refused(scheduler, "admitted")

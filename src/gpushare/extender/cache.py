@@ -445,10 +445,6 @@ class SchedulerCache:
                 problems=len(self._node_problems) + len(self._pod_problems),
             )
 
-    def has_node(self, name: str) -> bool:
-        with self._lock:
-            return name in self._nodes
-
     def pod(self, pod_key: str) -> PodRecord | None:
         """What the watch showed of the pod last (None: not seen, or gone)."""
         with self._lock:
@@ -668,11 +664,11 @@ class SchedulerCache:
                 else f"node {name} is not known to the gpushare extender (yet)"
             )
             refusal = Refusal(Rule.NODE_UNKNOWN, message)
-            return NodeFit(None, refusal, 0, str(refusal))
+            return NodeFit(None, refusal, 0)
         result = evaluate(state.view(), request, self._policy_for(name, pod_policy))
         if isinstance(result, Refusal):
-            return NodeFit(None, result, 0, str(result))
-        return NodeFit(result, None, extender_score(result.score), "")
+            return NodeFit(None, result, 0)
+        return NodeFit(result, None, extender_score(result.score))
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,8 +29,6 @@ class NodeFit(NamedTuple):
     refusal: Refusal | None
     score: int
     """0..10 for the extender, 0 when refused."""
-    reason: str
-    """The refusal as the user reads it ("" when the pod fits)."""
 
 
 _Entry = tuple[str | None, str | None, str | None, str | None, str]
@@ -202,7 +200,7 @@ class AnswerTable(FitTable[str, _Entry]):
         if fit.refusal is None:
             entry = (key, None, None, None, priority)
         else:
-            reason = f"{key}:{json.dumps(for_scheduler(fit.reason))}"
+            reason = f"{key}:{json.dumps(for_scheduler(str(fit.refusal)))}"
             resolvable = fit.refusal.rule.resolvable
             entry = (
                 None,

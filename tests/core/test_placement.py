@@ -15,6 +15,7 @@ from gpushare.policies import BinpackPolicy, SpreadPolicy, policy_named
 from gpushare.request import PodRequest
 from gpushare.state import NodeState
 from tests.builders import T0, container, node_state, request
+from tests.core.test_preemption import put
 
 BINPACK = BinpackPolicy()
 SPREAD = SpreadPolicy()
@@ -198,10 +199,31 @@ def test_the_search_finds_a_joint_fit_greedy_choice_would_miss():
     assert placed["nine"] == 0 and {placed["six"], placed["ten"]} == {1}
 
 
-def test_containers_that_fit_alone_but_not_together():
-    state = node_state("1x16GiB")
-    req = request(containers=[container("a", mem=10), container("b", mem=10)])
-    assert refusal(state, req).rule is Rule.NO_JOINT_FIT
+@pytest.mark.parametrize(
+    ("layout", "containers"),
+    [
+        ("1x16GiB", [container("a", mem=10), container("b", mem=10)]),
+        # Each exactly as much as the node has: still "together" that fails.
+        ("1x16GiB", [container("a", mem=16), container("b", mem=8)]),
+        ("2x16GiB", [container("a", count=2), container("b", mem=8)]),
+    ],
+)
+def test_containers_that_fit_alone_but_not_together(layout, containers):
+    state = node_state(layout)
+    found = refusal(state, request(containers=containers))
+    assert found.rule is Rule.NO_JOINT_FIT
+    assert found.message.startswith("each container fits on node n1 alone, but not all together (")
+
+
+def test_an_init_container_joins_its_app_on_a_gpu_where_its_memory_is_reused():
+    # GPU 0 has 14 GiB free, GPU 1 has 10. The 12 GiB app takes GPU 0; there the 6 GiB
+    # init container costs nothing more (max(12, 6)), on GPU 1 it would hold 6 more.
+    state = node_state("2x16GiB")
+    put(state, "x", 0, mem=2)
+    put(state, "y", 1, mem=6)
+    req = request(containers=[container("app", mem=12)], init_containers=[container("init", mem=6)])
+    place(state, req, "with-init")
+    assert (state.used(0)[0], state.used(1)[0]) == (14, 6)
 
 
 def test_init_container_memory_is_reused_by_the_app_containers():

@@ -98,6 +98,17 @@ def test_compute_never_goes_past_100_percent():
     assert refusal(state, request(mem=1, core=5)).rule is Rule.INSUFFICIENT_CORE
 
 
+def test_the_compute_of_every_container_of_a_pod_on_one_gpu_adds_up():
+    # 80 percent free: three containers of 30 need 90 there.
+    state = node_state("1x16GiB", mode=NodeMode.CORE_MEM)
+    place(state, request(mem=1, core=20), "a")
+    trio = request(containers=[container(name, mem=1, core=30) for name in ("x", "y", "z")])
+    assert refusal(state, trio).rule is Rule.NO_JOINT_FIT
+    duo = request(containers=[container(name, mem=1, core=40) for name in ("x", "y")])
+    place(state, duo, "duo")
+    assert state.used(0)[1] == 100
+
+
 def test_compute_is_written_percent_in_words():
     """kube-scheduler reads refusal reasons as printf formats: a '%' would be mangled."""
     state = node_state("1x16GiB", mode=NodeMode.CORE_MEM)

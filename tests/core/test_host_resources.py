@@ -131,6 +131,16 @@ def test_on_a_node_of_mixed_models_a_slice_goes_only_to_a_model_it_accepts(polic
     assert refused.message == "the pod accepts GPU models V100M16; node sim has A100, T4"
 
 
+def test_a_node_reporting_no_gpus_refuses_gpu_pods_saying_where_to_look():
+    empty = milli_node(gpus=0).view()
+    found = evaluate(empty, sharing(100), BINPACK)
+    assert isinstance(found, Refusal) and found.rule is Rule.TOO_FEW_GPUS
+    assert found.message == (
+        "node sim reports no GPUs (is the gpushare device plugin running there?)"
+    )
+    assert isinstance(evaluate(empty, cpu_only(1000), BINPACK), Placement)
+
+
 def test_a_cpu_only_pod_takes_cpu_and_no_gpu():
     state = milli_node(cpu=16_000)
     result = place(state, cpu_only(10_000), "cpu")

@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 from gpushare.inventory import NodeGpus, parse_layout
 from gpushare.labels import NodeMode, PlacementMode
 from gpushare.objects import Pod
-from gpushare.placement import Placement, evaluate, to_allocation
-from gpushare.policies import BinpackPolicy
+from gpushare.placement.fit import Placement, evaluate, to_allocation
+from gpushare.placement.policies import BinpackPolicy
 from gpushare.request import PodRequest, parse_pod_request
 from gpushare.state import NodeState
 

@@ -46,7 +46,7 @@ from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpushare.deviceplugin.registration import SOCKET_NAMES
 from gpushare.inventory import node_gpus, parse_layout
 from gpushare.objects import Pod
-from gpushare.placement import Assignment, to_allocation
+from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.request import parse_pod_request
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
 from gpushare.testing.kubelet import KubeletStandIn

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from gpushare.cli.main import main as gpushare
-from gpushare.policies import OUR_POLICY
+from gpushare.placement.policies import OUR_POLICY
 
 BUDGET_S = 300
 CALIBRATION = {"fgd": (4.6, 4.95), "bestfit": (6.9, 7.4)}

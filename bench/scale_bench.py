@@ -43,7 +43,7 @@ from gpushare.extender.service import ExtenderConfig, ExtenderService
 from gpushare.inventory import NodeGpus, node_gpus, parse_layout
 from gpushare.labels import NodeMode
 from gpushare.objects import Pod
-from gpushare.placement import Assignment, to_allocation
+from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.request import PodRequest, parse_pod_request
 from gpushare.testing.memorycluster import MemoryCluster, MemoryWatch, gpu_node
 

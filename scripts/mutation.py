@@ -108,7 +108,11 @@ def function_sources(source: str) -> tuple[dict[str, str], str]:
         taken.update(range(first, end + 1))
 
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            # Which names a module imports from where is not mutated, and a module that
+            # moved (or whose neighbours moved) imports the same objects by new paths.
+            taken.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             keep(f"x_{node.name}", node)
         elif isinstance(node, ast.ClassDef):
             for item in node.body:
@@ -123,8 +127,9 @@ def changed_functions(ref: str, path: str) -> set[str] | None:
     when the module changed outside its functions (constants, imports, class bodies:
     any mutant may behave differently) or is new."""
     before = subprocess.run(
-        ["git", "show", f"{ref}:{path}"], cwd=ROOT, capture_output=True, text=True, check=False
-    )
+        ["git", "show", f"{ref}:{renamed_from(ref).get(path, path)}"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
     if before.returncode != 0:
         return None
     old_functions, old_rest = function_sources(before.stdout)
@@ -132,6 +137,17 @@ def changed_functions(ref: str, path: str) -> set[str] | None:
     if old_rest != new_rest:
         return None
     return {name for name, text in new_functions.items() if old_functions.get(name) != text}
+
+
+def renamed_from(ref: str) -> dict[str, str]:
+    """Each module of src/ moved since `ref`: its path now -> its path then. A module
+    that moved keeps its functions, so only those whose text changed are run again."""
+    diff = subprocess.run(
+        ["git", "diff", "--find-renames", "--name-status", ref, "--", "src/"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    moves = (line.split("\t") for line in diff.stdout.splitlines() if line.startswith("R"))
+    return {fields[2]: fields[1] for fields in moves if len(fields) == 3}
 
 
 def changed_since(ref: str) -> list[str]:

@@ -21,11 +21,13 @@ SCOPE = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]["
 
 
 def test_every_module_of_the_core_is_in_the_mutation_scope():
+    package = ROOT / "src" / "gpushare"
     core = {
         str(p.relative_to(ROOT))
-        for p in (ROOT / "src" / "gpushare").glob("*.py")
+        for p in [*package.glob("*.py"), *(package / "placement").glob("*.py")]
         if p.name != "__init__.py"
     }
+    assert "src/gpushare/placement/fit.py" in core
     assert core - set(SCOPE) == set()
 
 
@@ -200,6 +202,17 @@ def test_a_new_function_is_changed_and_a_new_module_is_all_changed(tmp_path, mon
     assert mutation.changed_functions("HEAD", "src/gpushare/shape.py") == {"x_extra"}
     (path.parent / "new.py").write_text("def f():\n    return 1\n")
     assert mutation.changed_functions("HEAD", "src/gpushare/new.py") is None
+
+
+def test_a_module_that_moved_is_compared_with_its_old_path_imports_aside(tmp_path, monkeypatch):
+    path = _committed(tmp_path, monkeypatch, "import os\n" + MODULE)
+    moved = path.parent / "shapes" / "shape.py"
+    moved.parent.mkdir()
+    subprocess.run(["git", "mv", str(path), str(moved)], cwd=tmp_path, check=True)
+    moved.write_text("import sys\n" + MODULE.replace("self.size + by", "self.size - by"))
+    assert mutation.changed_functions("HEAD", "src/gpushare/shapes/shape.py") == {
+        "xǁShapeǁgrow"
+    }
 
 
 def test_a_run_of_changed_functions_is_judged_with_the_rest_of_the_module_as_recorded(

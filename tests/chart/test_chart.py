@@ -1325,7 +1325,7 @@ def test_chart_config_means_what_the_standalone_example_means(default):
 
 
 def test_the_schema_offers_exactly_the_placement_policies_the_extender_knows():
-    from gpushare.policies import POLICIES
+    from gpushare.placement.policies import POLICIES
 
     schema = json.loads((CHART / "values.schema.json").read_text())
     offered = schema["properties"]["extender"]["properties"]["defaultPlacement"]["enum"]

@@ -10,8 +10,8 @@ from gpushare.cli import inspect
 from gpushare.cluster.port import NotFound
 from gpushare.inventory import parse_layout
 from gpushare.objects import Pod
-from gpushare.placement import Placement, evaluate, to_allocation
-from gpushare.policies import policy_named
+from gpushare.placement.fit import Placement, evaluate, to_allocation
+from gpushare.placement.policies import policy_named
 from gpushare.request import parse_pod_request
 from gpushare.state import ClusterState
 from gpushare.testing.memorycluster import MemoryCluster, gpu_node

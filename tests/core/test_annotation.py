@@ -9,8 +9,8 @@ from gpushare import annotation
 from gpushare.allocation import ContainerAllocation, GpuSlice, PodAllocation
 from gpushare.errors import AnnotationError
 from gpushare.labels import NodeMode
-from gpushare.placement import Placement, evaluate, to_allocation
-from gpushare.policies import BinpackPolicy
+from gpushare.placement.fit import Placement, evaluate, to_allocation
+from gpushare.placement.policies import BinpackPolicy
 from gpushare.request import ContainerRole
 from tests.builders import T0, container, node_state, pod, request
 

@@ -4,8 +4,8 @@ import pytest
 
 from gpushare import environment as env
 from gpushare.objects import Pod
-from gpushare.placement import Placement, evaluate, to_allocation
-from gpushare.policies import BinpackPolicy
+from gpushare.placement.fit import Placement, evaluate, to_allocation
+from gpushare.placement.policies import BinpackPolicy
 from gpushare.request import parse_pod_request
 from tests.builders import T0, container, node_state, pod
 

@@ -4,8 +4,8 @@ that node changes, and a table made under other policy knowledge is not reused."
 import pytest
 
 from gpushare.fitcache import FitCache, FitTable
-from gpushare.placement import Placement, PlacementPolicy, evaluate, to_allocation
-from gpushare.policies import POLICIES, BinpackPolicy, build, policy_named
+from gpushare.placement.fit import Placement, PlacementPolicy, evaluate, to_allocation
+from gpushare.placement.policies import POLICIES, BinpackPolicy, build, policy_named
 from gpushare.state import NodeState
 from tests.builders import T0, node_state, request
 

@@ -3,13 +3,13 @@ in docs/placement.md#benchmark-metrics and docs/placement.md#calibration."""
 
 import pytest
 
-from gpushare.bestfit import BestFitPolicy
-from gpushare.fgd import FgdPolicy
-from gpushare.fragmentation import Fragmentation, devices, free_milli, models
-from gpushare.placement import Placement, evaluate, to_allocation
+from gpushare.placement.bestfit import BestFitPolicy
+from gpushare.placement.fgd import FgdPolicy
+from gpushare.placement.fit import Placement, evaluate, to_allocation
+from gpushare.placement.fragmentation import Fragmentation, devices, free_milli, models
+from gpushare.placement.workload import TaskShape, Workload
 from gpushare.request import ContainerRequest, ContainerRole, PodRequest
 from gpushare.state import NodeState
-from gpushare.workload import TaskShape, Workload
 from tests.builders import T0
 from tests.core.test_host_resources import cpu_only, milli_node, sharing, whole
 

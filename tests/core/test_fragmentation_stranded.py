@@ -4,11 +4,11 @@ could hold beyond the floor(CPU left / CPU of t) copies its CPU can run. Worked 
 
 import pytest
 
-from gpushare.fragmentation import Fragmentation, devices, models
 from gpushare.labels import NodeMode
-from gpushare.lookahead import LookaheadFgdPolicy
+from gpushare.placement.fragmentation import Fragmentation, devices, models
+from gpushare.placement.lookahead import LookaheadFgdPolicy
+from gpushare.placement.workload import TaskShape, Workload
 from gpushare.state import NodeState
-from gpushare.workload import TaskShape, Workload
 from tests.builders import node_state, request
 from tests.core.test_host_resources import milli_node, place, sharing
 

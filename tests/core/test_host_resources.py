@@ -5,14 +5,14 @@ import pytest
 
 from gpushare import annotation
 from gpushare.errors import Refusal, Rule
-from gpushare.fgd import FgdPolicy
 from gpushare.inventory import Gpu, NodeGpus
 from gpushare.labels import NodeMode, PlacementMode
-from gpushare.placement import Placement, evaluate, to_allocation
-from gpushare.policies import BinpackPolicy
+from gpushare.placement.fgd import FgdPolicy
+from gpushare.placement.fit import Placement, evaluate, to_allocation
+from gpushare.placement.policies import BinpackPolicy
+from gpushare.placement.workload import TaskShape, Workload
 from gpushare.request import ContainerRequest, ContainerRole, PodRequest
 from gpushare.state import NodeState
-from gpushare.workload import TaskShape, Workload
 from tests.builders import T0, node_state, request
 
 BINPACK = BinpackPolicy()

@@ -5,13 +5,13 @@ import pytest
 from gpushare.allocation import PodAllocation
 from gpushare.errors import Refusal, Rule
 from gpushare.labels import NodeMode
-from gpushare.placement import (
+from gpushare.placement.fit import (
     Placement,
     evaluate,
     extender_score,
     to_allocation,
 )
-from gpushare.policies import BinpackPolicy, SpreadPolicy, policy_named
+from gpushare.placement.policies import BinpackPolicy, SpreadPolicy, policy_named
 from gpushare.request import PodRequest
 from gpushare.state import NodeState
 from tests.builders import T0, container, node_state, request

@@ -7,12 +7,12 @@ from unittest import mock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpushare import preemption
 from gpushare.inventory import Gpu, NodeGpus
 from gpushare.labels import NodeMode, PlacementMode
-from gpushare.placement import Assignment, Placement, evaluate, to_allocation
-from gpushare.policies import BinpackPolicy
-from gpushare.preemption import EvictionCost, choose_victims
+from gpushare.placement import preemption
+from gpushare.placement.fit import Assignment, Placement, evaluate, to_allocation
+from gpushare.placement.policies import BinpackPolicy
+from gpushare.placement.preemption import EvictionCost, choose_victims
 from gpushare.request import PodRequest
 from gpushare.state import NodeState
 from tests.builders import T0, container, node_state, request

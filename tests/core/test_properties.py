@@ -13,8 +13,8 @@ from gpushare.errors import PodRefused, Refusal
 from gpushare.inventory import Gpu, NodeGpus
 from gpushare.labels import NodeMode, PlacementMode
 from gpushare.objects import Pod
-from gpushare.placement import Placement, evaluate, to_allocation
-from gpushare.policies import POLICIES, policy_named
+from gpushare.placement.fit import Placement, evaluate, to_allocation
+from gpushare.placement.policies import POLICIES, policy_named
 from gpushare.request import ContainerRole, JobType, parse_pod_request
 from gpushare.state import ClusterState
 from tests.builders import T0, container, node, pod

@@ -4,8 +4,8 @@ from gpushare import annotation
 from gpushare.inventory import NODE_GPUS_ANNOTATION, node_gpus
 from gpushare.labels import PlacementMode
 from gpushare.objects import Node, ObjectMeta, PodStatus
-from gpushare.placement import Placement, evaluate, to_allocation
-from gpushare.policies import BinpackPolicy
+from gpushare.placement.fit import Placement, evaluate, to_allocation
+from gpushare.placement.policies import BinpackPolicy
 from gpushare.state import ClusterState
 from tests.builders import T0, being_deleted, node, pod, request
 

@@ -4,8 +4,8 @@ from dataclasses import replace
 
 from gpushare.inventory import Gpu, NodeGpus
 from gpushare.labels import NodeMode, PlacementMode
-from gpushare.placement import Placement, evaluate, to_allocation
-from gpushare.policies import BinpackPolicy
+from gpushare.placement.fit import Placement, evaluate, to_allocation
+from gpushare.placement.policies import BinpackPolicy
 from gpushare.request import ContainerRequest, ContainerRole, PodRequest
 from gpushare.state import NodeState
 from tests.builders import T0, node_state, request

@@ -3,16 +3,22 @@ the same evaluate() the extender calls, and learning the workload online."""
 
 import pytest
 
-from gpushare.bestfit import BestFitPolicy
 from gpushare.errors import Refusal, Rule
-from gpushare.fgd import FgdPolicy
-from gpushare.fragmentation import Fragmentation, devices, models
-from gpushare.lookahead import LookaheadFgdPolicy
-from gpushare.placement import Placement, evaluate, to_allocation
-from gpushare.policies import OUR_POLICY, POLICIES, BinpackPolicy, SpreadPolicy, policy_named
+from gpushare.placement.bestfit import BestFitPolicy
+from gpushare.placement.fgd import FgdPolicy
+from gpushare.placement.fit import Placement, evaluate, to_allocation
+from gpushare.placement.fragmentation import Fragmentation, devices, models
+from gpushare.placement.lookahead import LookaheadFgdPolicy
+from gpushare.placement.policies import (
+    OUR_POLICY,
+    POLICIES,
+    BinpackPolicy,
+    SpreadPolicy,
+    policy_named,
+)
+from gpushare.placement.workload import PRIOR, LearnedWorkload, TaskShape, Workload
 from gpushare.request import PodRequest
 from gpushare.state import NodeState
-from gpushare.workload import PRIOR, LearnedWorkload, TaskShape, Workload
 from tests.builders import T0, container, node_state, request
 from tests.core.test_host_resources import milli_node, sharing
 from tests.core.test_preemption import put

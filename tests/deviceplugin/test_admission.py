@@ -9,7 +9,7 @@ from gpushare.deviceplugin.admission import AdmissionQueue, NoMatch
 from gpushare.inventory import NodeGpus, parse_layout
 from gpushare.labels import NodeMode, PlacementMode
 from gpushare.objects import Pod
-from gpushare.placement import Assignment, to_allocation
+from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.request import parse_pod_request
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
 from tests.builders import T0, being_deleted, container, pod

@@ -11,7 +11,7 @@ from gpushare.deviceplugin.nvml import NvmlBackend
 from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpushare.environment import NVIDIA_VISIBLE_DEVICES
 from gpushare.inventory import node_gpus
-from gpushare.placement import Assignment, to_allocation
+from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.request import parse_pod_request
 from gpushare.resources import GPU_COUNT, GPU_MEM
 from gpushare.testing.kubelet import KubeletStandIn

@@ -2,7 +2,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpushare.policies import POLICIES
+from gpushare.placement.policies import POLICIES
 from gpushare.testing.memorycluster import MemoryCluster
 from tests.extender.harness import Scheduler
 

@@ -12,7 +12,7 @@ from gpushare.allocation import PodAllocation
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import ExtenderConfig, ExtenderService
 from gpushare.objects import Pod
-from gpushare.policies import POLICIES, PolicyFactory
+from gpushare.placement.policies import POLICIES, PolicyFactory
 from gpushare.testing.memorycluster import MemoryCluster
 
 PREFIX = "/gpushare-scheduler"

@@ -9,9 +9,9 @@ from gpushare.errors import Refusal
 from gpushare.extender.cache import CacheCounts, SchedulerCache, interesting
 from gpushare.extender.inspect import cluster_report
 from gpushare.inventory import NODE_GPUS_ANNOTATION, parse_layout
-from gpushare.lookahead import LookaheadFgdPolicy
 from gpushare.objects import Node, PodStatus
-from gpushare.policies import POLICIES, BinpackPolicy
+from gpushare.placement.lookahead import LookaheadFgdPolicy
+from gpushare.placement.policies import POLICIES, BinpackPolicy
 from gpushare.request import PodRequest
 from tests.builders import T0, being_deleted, node, pod, request
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from gpushare.placement import Assignment, Placement, PlacementPolicy
-from gpushare.policies import POLICIES
+from gpushare.placement.fit import Assignment, Placement, PlacementPolicy
+from gpushare.placement.policies import POLICIES
 from gpushare.request import PodRequest
 from gpushare.state import GpuView, NodeView
 from tests.builders import node, pod

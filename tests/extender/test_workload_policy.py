@@ -4,9 +4,9 @@ bind, and it learns the workload from the pods filter sees."""
 
 import pytest
 
-from gpushare.lookahead import LookaheadFgdPolicy
-from gpushare.policies import POLICIES, PolicyFactory
-from gpushare.workload import TaskShape, Workload
+from gpushare.placement.lookahead import LookaheadFgdPolicy
+from gpushare.placement.policies import POLICIES, PolicyFactory
+from gpushare.placement.workload import TaskShape, Workload
 from tests.builders import node, pod
 from tests.extender.harness import allocation_of
 

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpushare.fragmentation import device, free_milli
-from gpushare.placement import Assignment
+from gpushare.placement.fit import Assignment
+from gpushare.placement.fragmentation import device, free_milli
 from gpushare.simulator.run import InfeasiblePlacement, Ledger
 from gpushare.simulator.trace import TraceNode, TracePod
 from gpushare.state import GpuView

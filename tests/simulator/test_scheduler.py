@@ -1,8 +1,8 @@
 """The node choice: best score, ties to the lowest rank, nodes re-evaluated only when
 they change, and all of them again when the policy learns something."""
 
-from gpushare.placement import to_allocation
-from gpushare.policies import BinpackPolicy
+from gpushare.placement.fit import to_allocation
+from gpushare.placement.policies import BinpackPolicy
 from gpushare.simulator.scheduler import Scheduler
 from tests.builders import T0, node_state, request
 

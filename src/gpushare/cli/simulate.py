@@ -3,7 +3,7 @@
 The harness of docs/placement.md#the-benchmark (Weng et al., ATC'23): for each seed the
 trace is shuffled and inflated to 130% of the cluster's GPU capacity, pods are
 offered once each in that order, ties go to a seeded node rank, and metrics are
-taken after every pod. The policies are the extender's own (gpushare.policies).
+taken after every pod. The policies are the extender's own (gpushare.placement.policies).
 Workload-aware policies (fgd and ours) use the trace's target workload by
 default, as the paper does; add @learned to a name to have it learn the workload
 online from the pods it sees, as it does in the extender.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from gpushare.policies import OUR_POLICY
+from gpushare.placement.policies import OUR_POLICY
 from gpushare.simulator.arrival import DEFAULT_SEEDS, INFLATION
 from gpushare.simulator.report import summarise, table, to_json
 from gpushare.simulator.run import PolicyChoice, RunResult, simulate

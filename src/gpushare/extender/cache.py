@@ -11,7 +11,7 @@ decisions read the state and reserve in the same critical section (`reserve`),
 so concurrent binds cannot both take the last slice of a GPU.
 
 Its placement policies are its own objects, made from a registry of factories
-(gpushare.policies), so what a policy learns from the pods filter sees belongs
+(gpushare.placement.policies), so what a policy learns from the pods filter sees belongs
 to this extender alone.
 
 It also remembers the pods filter refused on every candidate node and calls
@@ -42,9 +42,9 @@ from gpushare.fitcache import FitCache
 from gpushare.inventory import adds_room, node_gpus
 from gpushare.labels import PlacementMode
 from gpushare.objects import Node, Pod
-from gpushare.placement import PlacementPolicy, evaluate, extender_score, to_allocation
-from gpushare.policies import POLICIES, PolicyFactory, build
-from gpushare.preemption import choose_victims
+from gpushare.placement.fit import PlacementPolicy, evaluate, extender_score, to_allocation
+from gpushare.placement.policies import POLICIES, PolicyFactory, build
+from gpushare.placement.preemption import choose_victims
 from gpushare.request import PodRequest, requests_gpu
 from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU
 from gpushare.state import ClusterState, Snapshot
@@ -399,7 +399,7 @@ class SchedulerCache:
         offered: list[str],
     ) -> list[str]:
         """The UIDs to evict from the node for a pod of that priority, by our rules
-        (gpushare.preemption); `offered` when the scheduler's own UIDs make room and
+        (gpushare.placement.preemption); `offered` when the scheduler's own UIDs make room and
         cost no more; empty when nothing helps. Pods being deleted count as gone."""
         with self._lock:
             state = self._state.nodes.get(node)

@@ -19,7 +19,7 @@ from typing import NamedTuple
 from gpushare.errors import Refusal
 from gpushare.extender.wire import for_scheduler
 from gpushare.fitcache import FitTable
-from gpushare.placement import Placement
+from gpushare.placement.fit import Placement
 
 
 class NodeFit(NamedTuple):

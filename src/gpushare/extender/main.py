@@ -21,7 +21,7 @@ from gpushare.extender.policychoice import validate_default
 from gpushare.extender.schedulernames import DEFAULT_SCHEDULER
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import API_CONNECTIONS, ExtenderConfig, ExtenderService
-from gpushare.policies import POLICIES
+from gpushare.placement.policies import POLICIES
 from gpushare.resources import ACK_SCHEDULER_NAME, DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
 
 log = logging.getLogger("gpushare.extender")

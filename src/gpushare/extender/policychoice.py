@@ -2,7 +2,7 @@
 
 Pod annotation `gpushare.io/placement-policy` > node label `ack.node.gpu.placement`
 > the extender's `--default-placement`. `known` is the names of the extender's
-policy registry (gpushare.policies.POLICIES unless it was given another), so a
+policy registry (gpushare.placement.policies.POLICIES unless it was given another), so a
 policy added there is usable without touching the extender.
 """
 

@@ -19,7 +19,7 @@ from gpushare.extender.requeue import Requeuer
 from gpushare.extender.unserved import UnservedReporter
 from gpushare.extender.version import VERSION
 from gpushare.kubecluster.watchcache import WatchCache
-from gpushare.policies import POLICIES, PolicyFactory
+from gpushare.placement.policies import POLICIES, PolicyFactory
 from gpushare.resources import ACK_SCHEDULER_NAME, DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
 
 API_CONNECTIONS = BINDS_AT_ONCE + 4

@@ -74,7 +74,7 @@ def preempt_nodes(cache: SchedulerCache, args: PreemptionArgs) -> bytes:
 
     kube-scheduler chose its victims by the node's sum of each resource; on each node
     we answer the cheapest set of lower-priority GPU pods whose eviction makes the pod
-    fit (gpushare.preemption), or the scheduler's own set when it already makes room
+    fit (gpushare.placement.preemption), or the scheduler's own set when it already makes room
     and is no dearer, or when the pod fits without evicting any GPU pod (then what is
     short is something only the scheduler sees). A node where nothing helps is
     dropped, and so is one left without victims (the scheduler counts an empty list

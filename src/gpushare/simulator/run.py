@@ -11,17 +11,17 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from gpushare.fgd import WorkloadAwarePolicy
-from gpushare.fragmentation import Fragmentation
-from gpushare.placement import Assignment, PlacementPolicy, to_allocation
-from gpushare.policies import POLICIES
+from gpushare.placement.fgd import WorkloadAwarePolicy
+from gpushare.placement.fit import Assignment, PlacementPolicy, to_allocation
+from gpushare.placement.fragmentation import Fragmentation
+from gpushare.placement.policies import POLICIES
+from gpushare.placement.workload import COVERAGE, Workload
 from gpushare.request import PodRequest
 from gpushare.simulator.arrival import INFLATION, arrivals
 from gpushare.simulator.metrics import BinMeans, Recorder
 from gpushare.simulator.scheduler import Scheduler
 from gpushare.simulator.trace import MILLI_PER_GPU, PodClass, Trace, TraceNode, TracePod
 from gpushare.state import NodeState
-from gpushare.workload import COVERAGE, Workload
 
 BOUND_AT = datetime(2023, 7, 10, tzinfo=UTC)
 """Allocation records need a bind time; the simulator has no clock."""
@@ -36,7 +36,7 @@ class InfeasiblePlacement(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class PolicyChoice:
-    """A policy of the registry (gpushare.policies.POLICIES), and for workload-aware
+    """A policy of the registry (gpushare.placement.policies.POLICIES), and for workload-aware
     ones where the target workload comes from: the trace's distribution (as the FGD
     paper) or learned online (as in the extender). Written `NAME` or `NAME@trace` /
     `NAME@learned`."""

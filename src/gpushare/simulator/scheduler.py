@@ -15,7 +15,7 @@ from collections.abc import Hashable, Sequence
 
 from gpushare.errors import Refusal
 from gpushare.fitcache import FitCache, FitTable
-from gpushare.placement import Placement, PlacementPolicy, evaluate
+from gpushare.placement.fit import Placement, PlacementPolicy, evaluate
 from gpushare.request import PodRequest
 from gpushare.state import NodeState
 

@@ -16,8 +16,8 @@ from gpushare.isolation.backends.mock import Demand, MemoryStep, MockContainer, 
 from gpushare.isolation.backends.port import GpuDevice
 from gpushare.labels import NodeMode, PlacementMode
 from gpushare.objects import Pod
-from gpushare.placement import Placement, evaluate, to_allocation
-from gpushare.policies import BinpackPolicy
+from gpushare.placement.fit import Placement, evaluate, to_allocation
+from gpushare.placement.policies import BinpackPolicy
 from gpushare.request import parse_pod_request
 from gpushare.resources import GPU_CORE, GPU_MEM
 from gpushare.state import NodeState

@@ -30,7 +30,7 @@ from itertools import accumulate, combinations
 from math import comb
 
 from gpushare.allocation import PodAllocation
-from gpushare.placement import Placement, PlacementPolicy, evaluate
+from gpushare.placement.fit import Placement, PlacementPolicy, evaluate
 from gpushare.request import ContainerRequest, JobType, PodRequest
 from gpushare.state import NodeState
 

@@ -51,7 +51,7 @@ class Placement:
 class PlacementPolicy(ABC):
     """Chooses GPUs within a node and scores the node. The extender and the simulator
     call the very same classes, each through objects of its own (made from the
-    registry, gpushare.policies): a policy that learns keeps what it learned in them."""
+    registry, gpushare.placement.policies): a policy that learns keeps what it learned in them."""
 
     name: ClassVar[str]
     epoch: int = 0

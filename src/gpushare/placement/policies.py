@@ -10,10 +10,10 @@ for nodes in use; it leaves fewer GPUs unallocated, see docs/placement.md).
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from gpushare.bestfit import BestFitPolicy
-from gpushare.fgd import FgdPolicy
-from gpushare.lookahead import LookaheadFgdPolicy
-from gpushare.placement import Assignment, PlacementPolicy
+from gpushare.placement.bestfit import BestFitPolicy
+from gpushare.placement.fgd import FgdPolicy
+from gpushare.placement.fit import Assignment, PlacementPolicy
+from gpushare.placement.lookahead import LookaheadFgdPolicy
 from gpushare.request import PodRequest
 from gpushare.state import GpuView, NodeView
 

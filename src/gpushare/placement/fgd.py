@@ -13,7 +13,15 @@ import math
 from abc import abstractmethod
 from typing import ClassVar, Self
 
-from gpushare.fragmentation import (
+from gpushare.placement.fit import (
+    Assignment,
+    Placement,
+    PlacementPolicy,
+    search,
+    slice_assignment,
+    slice_candidates,
+)
+from gpushare.placement.fragmentation import (
     Device,
     Fragmentation,
     cpu_after,
@@ -22,17 +30,9 @@ from gpushare.fragmentation import (
     devices_after,
     models,
 )
-from gpushare.placement import (
-    Assignment,
-    Placement,
-    PlacementPolicy,
-    search,
-    slice_assignment,
-    slice_candidates,
-)
+from gpushare.placement.workload import COVERAGE, LearnedWorkload, TaskShape, Workload
 from gpushare.request import PodRequest
 from gpushare.state import GpuView, NodeView
-from gpushare.workload import COVERAGE, LearnedWorkload, TaskShape, Workload
 
 
 class WorkloadAwarePolicy(PlacementPolicy):

@@ -15,9 +15,9 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gpushare.placement import Assignment
+from gpushare.placement.fit import Assignment
+from gpushare.placement.workload import MILLI, Workload
 from gpushare.state import GpuView, NodeView
-from gpushare.workload import MILLI, Workload
 
 Device = tuple[int, int, int, bool, bool]
 """A GPU as fragmentation sees it: (free milli-GPU, memory free, compute free,

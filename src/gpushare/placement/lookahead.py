@@ -28,8 +28,8 @@ nodes compare.
 
 from typing import ClassVar
 
-from gpushare.fgd import WorkloadAwarePolicy, fgd_score
-from gpushare.fragmentation import Device
+from gpushare.placement.fgd import WorkloadAwarePolicy, fgd_score
+from gpushare.placement.fragmentation import Device
 from gpushare.state import NodeView
 
 OCCUPIED_BONUS = 0.5

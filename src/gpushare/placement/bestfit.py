@@ -8,11 +8,11 @@ term counts. GPU left is in fractions of a GPU, so GiB and milli-GPU nodes compa
 
 import math
 
-from gpushare.fragmentation import devices_after
-from gpushare.placement import Assignment, PlacementPolicy
+from gpushare.placement.fit import Assignment, PlacementPolicy
+from gpushare.placement.fragmentation import devices_after
+from gpushare.placement.workload import MILLI
 from gpushare.request import PodRequest
 from gpushare.state import GpuView, NodeView
-from gpushare.workload import MILLI
 
 CPU_SCALE = 128_000
 """milli-CPU of the largest node the paper's formula normalises by."""

@@ -50,7 +50,7 @@ from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.request import parse_pod_request
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
 from gpushare.testing.kubelet import KubeletStandIn
-from gpushare.testing.memorycluster import MemoryCluster, gpu_node
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 
 NODE = "bench-node"
 PENDING = 50

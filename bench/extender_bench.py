@@ -31,7 +31,7 @@ from gpushare.extender.server import HttpServer
 from gpushare.extender.service import ExtenderConfig, ExtenderService
 from gpushare.inventory import parse_layout
 from gpushare.objects import Pod
-from gpushare.testing.memorycluster import MemoryCluster, gpu_node
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 
 LAYOUTS = [("cgpu", "4x16GiB"), ("cgpu", "8x24GiB"), ("core_mem", "2x16GiB"), ("share", "1x80GiB")]
 SHAPES: list[tuple[dict[str, str], dict[str, str]]] = [

@@ -45,7 +45,7 @@ from gpushare.labels import NodeMode
 from gpushare.objects import Pod
 from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.request import PodRequest, parse_pod_request
-from gpushare.testing.memorycluster import MemoryCluster, MemoryWatch, gpu_node
+from gpushare.cluster.memory import MemoryCluster, MemoryWatch, gpu_node
 
 LAYOUTS = [("cgpu", "8x16GiB"), ("cgpu", "8x24GiB"), ("core_mem", "8x40GiB"), ("share", "8x80GiB")]
 GPUS_PER_NODE = 8

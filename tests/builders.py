@@ -8,7 +8,7 @@ from gpushare.labels import NodeMode, PlacementMode
 from gpushare.objects import Node, Pod
 from gpushare.request import PodRequest, parse_pod_request
 from gpushare.state import NodeState
-from gpushare.testing.memorycluster import gpu_node
+from gpushare.cluster.memory import gpu_node
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

@@ -8,7 +8,7 @@ import pytest
 
 from gpushare.cli.main import main
 from gpushare.inventory import NODE_GPUS_ANNOTATION
-from gpushare.testing.memorycluster import MemoryCluster
+from gpushare.cluster.memory import MemoryCluster
 from tests.builders import node
 from tests.kubecluster.apiserver import ApiServer
 

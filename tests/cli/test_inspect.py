@@ -14,7 +14,7 @@ from gpushare.placement.fit import Placement, evaluate, to_allocation
 from gpushare.placement.policies import policy_named
 from gpushare.request import parse_pod_request
 from gpushare.state import ClusterState
-from gpushare.testing.memorycluster import MemoryCluster, gpu_node
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 from tests.builders import T0, container, pod
 from tests.kubecluster.apiserver import ApiServer
 

@@ -18,7 +18,7 @@ from gpushare.deviceplugin.plugin import WATCH_BACKOFF
 from gpushare.deviceplugin.worker import start_daemon
 from gpushare.environment import POD
 from gpushare.resources import GPU_COUNT, GPU_MEM
-from gpushare.testing.memorycluster import MemoryCluster, MemoryWatch
+from gpushare.cluster.memory import MemoryCluster, MemoryWatch
 from tests.deviceplugin.rig import WAIT, Rig, allocate, eventually, plugin_client
 
 TIMEOUTS = "gpushare_device_plugin_answer_timeouts_total"

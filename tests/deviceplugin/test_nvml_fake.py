@@ -26,7 +26,7 @@ from gpushare.inventory import (
     parse_layout,
 )
 from gpushare.resources import GPU_MEM
-from gpushare.testing.memorycluster import MemoryCluster, gpu_node
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 from tests.deviceplugin.rig import WAIT, Rig, eventually
 from tests.fakenvml import (
     MIB,

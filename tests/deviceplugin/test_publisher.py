@@ -9,7 +9,7 @@ from gpushare.cluster import ClusterError
 from gpushare.deviceplugin.publisher import InventoryPublisher
 from gpushare.inventory import NODE_GPUS_ANNOTATION, encode_gpus, parse_layout
 from gpushare.objects import Node
-from gpushare.testing.memorycluster import MemoryCluster, gpu_node
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 from tests.deviceplugin.rig import WAIT
 
 

@@ -3,7 +3,7 @@ from collections.abc import Iterator
 import pytest
 
 from gpushare.placement.policies import POLICIES
-from gpushare.testing.memorycluster import MemoryCluster
+from gpushare.cluster.memory import MemoryCluster
 from tests.extender.harness import Scheduler
 
 

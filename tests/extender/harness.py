@@ -13,7 +13,7 @@ from gpushare.extender.server import HttpServer
 from gpushare.extender.service import ExtenderConfig, ExtenderService
 from gpushare.objects import Pod
 from gpushare.placement.policies import POLICIES, PolicyFactory
-from gpushare.testing.memorycluster import MemoryCluster
+from gpushare.cluster.memory import MemoryCluster
 
 PREFIX = "/gpushare-scheduler"
 

@@ -9,7 +9,7 @@ from gpushare import annotation
 from gpushare.cluster import ClusterError, EventSeverity
 from gpushare.inventory import parse_layout
 from gpushare.state import ClusterState
-from gpushare.testing.memorycluster import MemoryCluster
+from gpushare.cluster.memory import MemoryCluster
 from tests.builders import node, pod
 from tests.extender.harness import Scheduler, allocation_of, wait_until
 

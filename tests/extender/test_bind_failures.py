@@ -14,7 +14,7 @@ from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster import ClusterError
 from gpushare.objects import Pod
-from gpushare.testing.memorycluster import MemoryCluster
+from gpushare.cluster.memory import MemoryCluster
 from tests.builders import container, node, pod
 from tests.extender.harness import Scheduler
 

@@ -4,7 +4,7 @@ scheduler stand-in, all over HTTP on loopback."""
 from gpushare.cli.demo.extender import ExtenderStage
 from gpushare.cli.main import main
 from gpushare.objects import Pod
-from gpushare.testing.memorycluster import MemoryCluster
+from gpushare.cluster.memory import MemoryCluster
 from gpushare.testing.scheduler import SchedulerStandIn
 from tests.builders import node, pod
 

@@ -6,7 +6,7 @@ import re
 import httpx
 
 from gpushare.inventory import parse_layout
-from gpushare.testing.memorycluster import gpu_node
+from gpushare.cluster.memory import gpu_node
 from tests.builders import node, pod
 from tests.extender.harness import PREFIX, allocation_of, pod_json
 

@@ -9,7 +9,7 @@ import pytest
 
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import ExtenderConfig, ExtenderService
-from gpushare.testing.memorycluster import MemoryCluster
+from gpushare.cluster.memory import MemoryCluster
 from tests.builders import node, pod
 from tests.extender.harness import PREFIX, pod_json
 

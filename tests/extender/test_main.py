@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from gpushare.extender.main import build_parser, config_from, main
-from gpushare.testing.memorycluster import MemoryCluster
+from gpushare.cluster.memory import MemoryCluster
 from tests.builders import node
 from tests.extender.tls import self_signed
 from tests.kubecluster.apiserver import ApiServer

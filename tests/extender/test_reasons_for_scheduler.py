@@ -6,7 +6,7 @@ import re
 
 from gpushare.inventory import NODE_GPUS_ANNOTATION, Gpu, parse_layout
 from gpushare.objects import Node, ObjectMeta
-from gpushare.testing.memorycluster import gpu_node
+from gpushare.cluster.memory import gpu_node
 from tests.builders import container, node, pod
 
 RULE = re.compile(r"\[([a-z0-9-]+)\]$")

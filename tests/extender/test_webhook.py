@@ -12,7 +12,7 @@ import pytest
 
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import ExtenderConfig, ExtenderService
-from gpushare.testing.memorycluster import MemoryCluster
+from gpushare.cluster.memory import MemoryCluster
 from tests.builders import container, pod
 from tests.extender.harness import pod_json
 from tests.extender.tls import self_signed

@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, urlparse
 import yaml
 
 from gpushare.cluster import AlreadyBound, Conflict, Expired, NotFound
-from gpushare.testing.memorycluster import MemoryCluster
+from gpushare.cluster.memory import MemoryCluster
 
 
 @dataclass(frozen=True)

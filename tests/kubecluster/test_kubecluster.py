@@ -1,7 +1,6 @@
 """KubeCluster speaks to a real HTTP server with the official client, and maps the
 API server's answers onto the cluster port's semantics."""
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,17 +9,15 @@ from kubernetes import client
 from kubernetes.config import ConfigException
 
 from gpushare.cluster import (
-    AlreadyBound,
     ClusterError,
     Conflict,
     EventSeverity,
     EventType,
     Expired,
-    NotFound,
     ObjectRef,
 )
+from gpushare.cluster.memory import MemoryCluster
 from gpushare.kubecluster import KubeCluster
-from gpushare.testing.memorycluster import MemoryCluster
 from tests.builders import node, pod
 from tests.kubecluster.apiserver import ApiServer
 
@@ -73,13 +70,6 @@ def test_pods_of_one_node_are_listed_with_a_field_selector(memory, api, kube):
     assert [p.metadata.name for p in kube.list_pods("n2").items] == ["b"]
     assert api.seen("GET", "/api/v1/pods")[-1].query["fieldSelector"] == ["spec.nodeName=n2"]
     assert len(kube.list_pods().items) == 2
-
-
-def test_a_missing_object_is_not_found(kube):
-    with pytest.raises(NotFound, match="ghost"):
-        kube.get_pod("default", "ghost")
-    with pytest.raises(NotFound):
-        kube.get_node("ghost")
 
 
 def test_server_errors_and_unreachable_servers_are_cluster_errors(api, kube):
@@ -153,24 +143,6 @@ def test_binds_and_events_leave_their_connection_clean_for_the_next_request(memo
         kube.record_event(ObjectRef.of_pod(created), EventSeverity.NORMAL, "Test", "bound")
         assert kube.get_pod("default", f"p{i}").spec.node_name == "n1"
     assert api.connections == 1
-
-
-def test_binding_a_bound_pod_says_where_it_is(memory, api, kube):
-    created = memory.create_pod(pod("a", mem=1))
-    memory.bind_pod("default", "a", "n2")
-    with pytest.raises(AlreadyBound) as bound:
-        kube.bind_pod("default", "a", "n1", created.metadata.uid)
-    assert bound.value.node == "n2"
-
-
-def test_binding_with_a_stale_uid_or_a_missing_pod_fails_plainly(memory, api, kube):
-    memory.create_pod(pod("a", mem=1))
-    with pytest.raises(Conflict) as conflict:
-        kube.bind_pod("default", "a", "n1", "uid-of-a-deleted-pod")
-    assert not isinstance(conflict.value, AlreadyBound)
-    assert "UID" in str(conflict.value)
-    with pytest.raises(NotFound):
-        kube.bind_pod("default", "ghost", "n1")
 
 
 def test_events_are_recorded_on_the_object_and_never_raise(memory, api, kube):
@@ -269,21 +241,6 @@ def test_a_refused_watch_raises_when_it_is_made(memory, api, kube):
     api.failures.append(500)
     with pytest.raises(ClusterError, match="watch pods: injected failure 500"):
         kube.watch_pods(version)
-
-
-def test_stop_ends_a_watch_waiting_for_its_next_event(memory, api, kube):
-    watch = kube.watch_pods(kube.list_pods().resource_version)
-    ended = threading.Event()
-
-    def follow() -> None:
-        for _ in watch:
-            pass
-        ended.set()
-
-    threading.Thread(target=follow, daemon=True).start()
-    assert not ended.wait(0.2)
-    watch.stop()
-    assert ended.wait(2)
 
 
 def many_pods(memory: MemoryCluster, count: int) -> None:

@@ -10,9 +10,9 @@ from kubernetes import client
 
 from gpushare.backoff import Backoff
 from gpushare.cluster import ClusterError, EventType
+from gpushare.cluster.memory import MemoryCluster, MemoryWatch
 from gpushare.kubecluster import KubeCluster, WatchCache
 from gpushare.objects import Pod
-from gpushare.testing.memorycluster import MemoryCluster, MemoryWatch
 from tests.builders import node, pod
 from tests.kubecluster.apiserver import ApiServer
 

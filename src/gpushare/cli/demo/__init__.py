@@ -23,7 +23,7 @@ from gpushare.inventory import parse_layout
 from gpushare.manifests import pods_from_manifests
 from gpushare.state import ClusterState
 from gpushare.table import render
-from gpushare.testing.memorycluster import MemoryCluster, gpu_node
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 
 DEMO_NODES = (
     ("gpu-node-1", "core_mem", "2x16GiB:Tesla-T4", "10.0.0.11"),

@@ -10,7 +10,7 @@ import time
 from datetime import UTC, datetime
 
 from gpushare.inventory import NodeGpus, parse_layout
-from gpushare.labels import NodeMode, PlacementMode
+from gpushare.labels import NodeMode
 from gpushare.objects import Pod
 from gpushare.placement.fit import Placement, evaluate, to_allocation
 from gpushare.placement.policies import BinpackPolicy
@@ -38,7 +38,7 @@ def request_of(limits: dict[str, str], labels: dict[str, str] | None = None) -> 
 
 def loaded_node(mode: NodeMode) -> NodeState:
     """A node holding 40 pods of the job type its mode takes (no mixing refusals)."""
-    inventory = NodeGpus("bench", mode, PlacementMode.BINPACK, parse_layout("8x80GiB", "bench"))
+    inventory = NodeGpus("bench", mode, parse_layout("8x80GiB", "bench"))
     state = NodeState(inventory)
     filler_limits = {"aliyun.com/gpu-mem": "3"}
     if mode is NodeMode.CORE_MEM:

@@ -39,6 +39,7 @@ from pathlib import Path
 import grpc
 
 from gpushare import annotation
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from gpushare.deviceplugin.mock import MockBackend
@@ -50,7 +51,6 @@ from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.request import parse_pod_request
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
 from gpushare.testing.kubelet import KubeletStandIn
-from gpushare.cluster.memory import MemoryCluster, gpu_node
 
 NODE = "bench-node"
 PENDING = 50

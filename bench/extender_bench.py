@@ -27,11 +27,11 @@ from typing import Any
 
 import httpx
 
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import ExtenderConfig, ExtenderService
 from gpushare.inventory import parse_layout
 from gpushare.objects import Pod
-from gpushare.cluster.memory import MemoryCluster, gpu_node
 
 LAYOUTS = [("cgpu", "4x16GiB"), ("cgpu", "8x24GiB"), ("core_mem", "2x16GiB"), ("share", "1x80GiB")]
 SHAPES: list[tuple[dict[str, str], dict[str, str]]] = [

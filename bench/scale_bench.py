@@ -38,6 +38,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gpushare import annotation
+from gpushare.cluster.memory import MemoryCluster, MemoryWatch, gpu_node
 from gpushare.extender.cache import interesting
 from gpushare.extender.service import ExtenderConfig, ExtenderService
 from gpushare.inventory import NodeGpus, node_gpus, parse_layout
@@ -45,7 +46,6 @@ from gpushare.labels import NodeMode
 from gpushare.objects import Pod
 from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.request import PodRequest, parse_pod_request
-from gpushare.cluster.memory import MemoryCluster, MemoryWatch, gpu_node
 
 LAYOUTS = [("cgpu", "8x16GiB"), ("cgpu", "8x24GiB"), ("core_mem", "8x40GiB"), ("share", "8x80GiB")]
 GPUS_PER_NODE = 8

@@ -3,12 +3,12 @@
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
+from gpushare.cluster.memory import gpu_node
 from gpushare.inventory import Gpu, NodeGpus, parse_layout
-from gpushare.labels import NodeMode, PlacementMode
+from gpushare.labels import NodeMode
 from gpushare.objects import Node, Pod
 from gpushare.request import PodRequest, parse_pod_request
 from gpushare.state import NodeState
-from gpushare.cluster.memory import gpu_node
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -87,7 +87,6 @@ def inventory(
     layout: str = "2x16GiB",
     node: str = "n1",
     mode: NodeMode | str | None = NodeMode.CGPU,
-    placement: PlacementMode = PlacementMode.BINPACK,
     max_pods_per_gpu: int = 20,
     unhealthy: tuple[int, ...] = (),
 ) -> NodeGpus:
@@ -95,7 +94,7 @@ def inventory(
         Gpu(g.index, g.uuid, g.mem, g.model, g.core, g.index not in unhealthy)
         for g in parse_layout(layout, node)
     )
-    return NodeGpus(node, NodeMode(mode) if mode else None, placement, gpus, max_pods_per_gpu)
+    return NodeGpus(node, NodeMode(mode) if mode else None, gpus, max_pods_per_gpu)
 
 
 def node_state(layout: str = "2x16GiB", **kwargs) -> NodeState:

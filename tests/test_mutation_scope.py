@@ -210,9 +210,7 @@ def test_a_module_that_moved_is_compared_with_its_old_path_imports_aside(tmp_pat
     moved.parent.mkdir()
     subprocess.run(["git", "mv", str(path), str(moved)], cwd=tmp_path, check=True)
     moved.write_text("import sys\n" + MODULE.replace("self.size + by", "self.size - by"))
-    assert mutation.changed_functions("HEAD", "src/gpushare/shapes/shape.py") == {
-        "xǁShapeǁgrow"
-    }
+    assert mutation.changed_functions("HEAD", "src/gpushare/shapes/shape.py") == {"xǁShapeǁgrow"}
 
 
 def test_a_run_of_changed_functions_is_judged_with_the_rest_of_the_module_as_recorded(

@@ -16,7 +16,7 @@ from typing import Final
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from gpushare.errors import AnnotationError
-from gpushare.labels import NodeMode, PlacementMode, node_mode, placement_mode
+from gpushare.labels import NodeMode, node_mode
 from gpushare.objects import Node
 from gpushare.resources import CORE_PER_GPU, DEFAULT_MAX_PODS_PER_GPU, GPU_COUNT, GPU_MEM
 
@@ -66,7 +66,6 @@ class NodeGpus:
 
     node: str
     mode: NodeMode | None
-    placement: PlacementMode
     gpus: tuple[Gpu, ...]
     max_pods_per_gpu: int = DEFAULT_MAX_PODS_PER_GPU
     cpu_milli: int | None = None
@@ -139,17 +138,14 @@ def decode_gpus(value: str) -> tuple[Gpu, ...]:
 
 def node_gpus(
     node: Node,
-    default_placement: PlacementMode = PlacementMode.BINPACK,
     max_pods_per_gpu: int = DEFAULT_MAX_PODS_PER_GPU,
 ) -> NodeGpus:
-    """The node's GPU inventory from its labels, annotation and allocatable."""
-    labels = node.metadata.labels
+    """The node's GPU inventory from its mode label, GPU annotation and allocatable."""
     annotation = node.metadata.annotations.get(NODE_GPUS_ANNOTATION)
     gpus = decode_gpus(annotation) if annotation else _even_split(node)
     return NodeGpus(
         node=node.name,
-        mode=node_mode(labels),
-        placement=placement_mode(labels, default_placement),
+        mode=node_mode(node.metadata.labels),
         gpus=gpus,
         max_pods_per_gpu=max_pods_per_gpu,
     )

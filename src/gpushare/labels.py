@@ -29,11 +29,6 @@ class NodeMode(StrEnum):
         return self is not NodeMode.SHARE
 
 
-class PlacementMode(StrEnum):
-    BINPACK = "binpack"
-    SPREAD = "spread"
-
-
 def node_mode(labels: Mapping[str, str]) -> NodeMode | None:
     """The node's sharing mode, or None when the node is left to other plugins.
 
@@ -51,16 +46,6 @@ def node_mode(labels: Mapping[str, str]) -> NodeMode | None:
     if labels.get(LABEL_LEGACY_SHARE, "").lower() == "true":
         return NodeMode.SHARE
     return None
-
-
-def placement_mode(
-    labels: Mapping[str, str], default: PlacementMode = PlacementMode.BINPACK
-) -> PlacementMode:
-    """The node's GPU-level placement; an absent or unknown value gives `default`."""
-    try:
-        return PlacementMode(labels.get(LABEL_PLACEMENT, "").strip().lower())
-    except ValueError:
-        return default
 
 
 def isolation_disabled(mode: NodeMode | None, labels: Mapping[str, str]) -> bool:

@@ -14,7 +14,7 @@ from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.errors import AnnotationError
 from gpushare.inventory import NodeGpus, node_gpus
-from gpushare.labels import NodeMode, PlacementMode
+from gpushare.labels import NodeMode
 from gpushare.objects import Node, Pod
 from gpushare.request import JobType
 from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU
@@ -45,7 +45,6 @@ class NodeView:
 
     name: str
     mode: NodeMode | None
-    placement: PlacementMode
     gpus: tuple[GpuView, ...]
     job_types: frozenset[JobType] = frozenset()
     """Job types of the pods already sharing GPUs on this node."""
@@ -184,7 +183,6 @@ class NodeState:
         return NodeView(
             name=inventory.node,
             mode=inventory.mode,
-            placement=inventory.placement,
             gpus=tuple(gpus),
             job_types=shared,
             cpu_total=inventory.cpu_milli,
@@ -271,7 +269,6 @@ class ClusterState:
         cls,
         nodes: Iterable[Node],
         pods: Iterable[Pod],
-        default_placement: PlacementMode = PlacementMode.BINPACK,
         max_pods_per_gpu: int = DEFAULT_MAX_PODS_PER_GPU,
     ) -> tuple["ClusterState", list[str]]:
         """The cluster's allocations from node objects and pod annotations alone.
@@ -283,7 +280,7 @@ class ClusterState:
         problems: list[str] = []
         for node in nodes:
             try:
-                state.set_node(node_gpus(node, default_placement, max_pods_per_gpu))
+                state.set_node(node_gpus(node, max_pods_per_gpu))
             except AnnotationError as err:
                 problems.append(f"node {node.name}: {err}")
         for pod in pods:

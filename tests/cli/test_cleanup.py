@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from gpushare.cli.main import main
-from gpushare.inventory import NODE_GPUS_ANNOTATION
 from gpushare.cluster.memory import MemoryCluster
+from gpushare.inventory import NODE_GPUS_ANNOTATION
 from tests.builders import node
 from tests.kubecluster.apiserver import ApiServer
 

@@ -7,14 +7,15 @@ import pytest
 
 from gpushare import annotation
 from gpushare.cli import inspect
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.cluster.port import NotFound
+from gpushare.extender.policychoice import node_policy
 from gpushare.inventory import parse_layout
 from gpushare.objects import Pod
 from gpushare.placement.fit import Placement, evaluate, to_allocation
-from gpushare.placement.policies import policy_named
+from gpushare.placement.policies import POLICIES, policy_named
 from gpushare.request import parse_pod_request
 from gpushare.state import ClusterState
-from gpushare.cluster.memory import MemoryCluster, gpu_node
 from tests.builders import T0, container, pod
 from tests.kubecluster.apiserver import ApiServer
 
@@ -26,7 +27,11 @@ def place(cluster: MemoryCluster, new: Pod, node: str) -> None:
     request = parse_pod_request(created)
     assert request is not None
     view = state.nodes[node].view()
-    placement = evaluate(view, request, policy_named(view.placement.value))
+    placement = evaluate(
+        view,
+        request,
+        policy_named(node_policy(cluster.get_node(node).metadata.labels, "binpack", POLICIES)),
+    )
     assert isinstance(placement, Placement), placement
     allocation = to_allocation(request, placement.assignment, state.nodes[node].inventory, T0)
     meta = created.metadata

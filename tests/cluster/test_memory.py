@@ -91,5 +91,3 @@ def test_concurrent_binds_of_one_pod_let_exactly_one_win(cluster):
     for t in threads:
         t.join()
     assert sorted(outcomes) == ["bound"] + ["refused"] * 15
-
-

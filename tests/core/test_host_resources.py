@@ -6,7 +6,7 @@ import pytest
 from gpushare import annotation
 from gpushare.errors import Refusal, Rule
 from gpushare.inventory import Gpu, NodeGpus
-from gpushare.labels import NodeMode, PlacementMode
+from gpushare.labels import NodeMode
 from gpushare.placement.fgd import FgdPolicy
 from gpushare.placement.fit import Placement, evaluate, to_allocation
 from gpushare.placement.policies import BinpackPolicy
@@ -29,7 +29,6 @@ def milli_node(
     inventory = NodeGpus(
         node="sim",
         mode=NodeMode.CORE_MEM,
-        placement=PlacementMode.BINPACK,
         gpus=tuple(Gpu(i, "", mem=1000, model=model, core=1000) for i in range(gpus)),
         max_pods_per_gpu=max_pods_per_gpu,
         cpu_milli=cpu,
@@ -119,9 +118,7 @@ def test_on_a_node_of_mixed_models_a_slice_goes_only_to_a_model_it_accepts(polic
         Gpu(0, "", mem=1000, model="T4", core=1000),
         Gpu(1, "", mem=1000, model="A100", core=1000),
     )
-    state = NodeState(
-        NodeGpus("sim", NodeMode.CORE_MEM, PlacementMode.BINPACK, gpus, max_pods_per_gpu=10)
-    )
+    state = NodeState(NodeGpus("sim", NodeMode.CORE_MEM, gpus, max_pods_per_gpu=10))
     place(state, sharing(600), "t4-first")  # binpack would put the next slice with it
     picky = sharing(300, spec=frozenset({"A100"}))
     result = evaluate(state.view(), picky, policy)

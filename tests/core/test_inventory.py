@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from gpushare.inventory import Gpu, adds_room, node_gpus
-from gpushare.labels import NodeMode, PlacementMode
+from gpushare.labels import NodeMode
 from gpushare.objects import Node, NodeStatus, ObjectMeta
 from gpushare.resources import GPU_COUNT, GPU_MEM
 from tests.builders import inventory
@@ -23,7 +23,6 @@ BEFORE = inventory("2x16GiB", unhealthy=(1,))
         (inventory("2x16GiB", unhealthy=(0, 1)), False),  # one more GPU unhealthy
         (inventory("1x16GiB"), False),  # the unhealthy GPU removed
         (inventory("2x16GiB", mode=NodeMode.CORE_MEM, unhealthy=(1,)), True),
-        (inventory("2x16GiB", placement=PlacementMode.SPREAD, unhealthy=(1,)), False),
         (inventory("2x16GiB", max_pods_per_gpu=30, unhealthy=(1,)), True),
         (None, False),  # the node left, or its annotation became unreadable
     ],

@@ -1,9 +1,7 @@
 from gpushare.labels import (
     NodeMode,
-    PlacementMode,
     isolation_disabled,
     node_mode,
-    placement_mode,
 )
 
 
@@ -34,13 +32,6 @@ def test_only_core_mem_advertises_compute():
     assert "aliyun.com/gpu-core.percentage" in NodeMode.CORE_MEM.advertised_resources
     assert "aliyun.com/gpu-core.percentage" not in NodeMode.CGPU.advertised_resources
     assert NodeMode.SHARE.advertised_resources == ("aliyun.com/gpu-mem", "aliyun.com/gpu-count")
-
-
-def test_placement_label_defaults_to_binpack():
-    assert placement_mode({}) is PlacementMode.BINPACK
-    assert placement_mode({"ack.node.gpu.placement": "spread"}) is PlacementMode.SPREAD
-    assert placement_mode({"ack.node.gpu.placement": "bogus"}) is PlacementMode.BINPACK
-    assert placement_mode({}, PlacementMode.SPREAD) is PlacementMode.SPREAD
 
 
 def test_isolation_is_off_in_share_mode_or_by_label():

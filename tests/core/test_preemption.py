@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpushare.inventory import Gpu, NodeGpus
-from gpushare.labels import NodeMode, PlacementMode
+from gpushare.labels import NodeMode
 from gpushare.placement import preemption
 from gpushare.placement.fit import Assignment, Placement, evaluate, to_allocation
 from gpushare.placement.policies import BinpackPolicy
@@ -291,7 +291,7 @@ def nodes_and_requests(draw):
     mode = draw(st.sampled_from([NodeMode.CGPU, NodeMode.CORE_MEM]))
     sizes = draw(st.lists(st.sampled_from([8, 16, 24]), min_size=1, max_size=3))
     gpus = tuple(Gpu(index=i, uuid=f"GPU-{i}", mem=size) for i, size in enumerate(sizes))
-    inventory = NodeGpus("n", mode, PlacementMode.BINPACK, gpus, draw(st.sampled_from([2, 20])))
+    inventory = NodeGpus("n", mode, gpus, draw(st.sampled_from([2, 20])))
     state = NodeState(inventory)
     job = draw(st.sampled_from(["memory", "compute"] if mode is NodeMode.CORE_MEM else ["memory"]))
     priorities = {}

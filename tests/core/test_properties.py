@@ -11,7 +11,7 @@ from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.errors import PodRefused, Refusal
 from gpushare.inventory import Gpu, NodeGpus
-from gpushare.labels import NodeMode, PlacementMode
+from gpushare.labels import NodeMode
 from gpushare.objects import Pod
 from gpushare.placement.fit import Placement, evaluate, to_allocation
 from gpushare.placement.policies import POLICIES, policy_named
@@ -35,7 +35,6 @@ def inventories(draw) -> list[NodeGpus]:
             NodeGpus(
                 node=f"node-{n}",
                 mode=draw(st.sampled_from([NodeMode.SHARE, NodeMode.CGPU, NodeMode.CORE_MEM])),
-                placement=draw(st.sampled_from(list(PlacementMode))),
                 gpus=gpus,
                 max_pods_per_gpu=draw(st.sampled_from([1, 2, 5, 20])),
             )

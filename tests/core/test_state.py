@@ -2,7 +2,6 @@
 
 from gpushare import annotation
 from gpushare.inventory import NODE_GPUS_ANNOTATION, node_gpus
-from gpushare.labels import PlacementMode
 from gpushare.objects import Node, ObjectMeta, PodStatus
 from gpushare.placement.fit import Placement, evaluate, to_allocation
 from gpushare.placement.policies import BinpackPolicy
@@ -14,7 +13,6 @@ def test_node_inventory_comes_from_the_plugin_annotation():
     inventory = node_gpus(node("n1", "1x16GiB,1x80GiB", mode="core_mem"))
     assert [g.mem for g in inventory.gpus] == [16, 80]
     assert inventory.mode == "core_mem"
-    assert inventory.placement is PlacementMode.BINPACK
 
 
 def test_without_the_annotation_memory_is_split_evenly_like_ack():

@@ -3,7 +3,7 @@
 from dataclasses import replace
 
 from gpushare.inventory import Gpu, NodeGpus
-from gpushare.labels import NodeMode, PlacementMode
+from gpushare.labels import NodeMode
 from gpushare.placement.fit import Placement, evaluate, to_allocation
 from gpushare.placement.policies import BinpackPolicy
 from gpushare.request import ContainerRequest, ContainerRole, PodRequest
@@ -59,9 +59,7 @@ def test_a_whole_gpu_given_to_a_pod_takes_no_shared_pod():
 def tracked_node() -> NodeState:
     """A node as the simulator builds it: host CPU and memory tracked."""
     gpus = tuple(Gpu(i, "", mem=1000, core=1000) for i in range(2))
-    return NodeState(
-        NodeGpus("sim", NodeMode.CORE_MEM, PlacementMode.BINPACK, gpus, 1_000, 16_000, 65_536)
-    )
+    return NodeState(NodeGpus("sim", NodeMode.CORE_MEM, gpus, 1_000, 16_000, 65_536))
 
 
 def host(cpu: int, memory: int) -> PodRequest:

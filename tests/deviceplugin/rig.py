@@ -11,6 +11,7 @@ import grpc
 
 from gpushare import annotation
 from gpushare.allocation import PodAllocation
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from gpushare.deviceplugin.mock import MockBackend
@@ -21,7 +22,6 @@ from gpushare.objects import Pod
 from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.request import parse_pod_request
 from gpushare.testing.kubelet import KubeletStandIn
-from gpushare.cluster.memory import MemoryCluster, gpu_node
 from tests.builders import T0, pod
 
 WAIT = 5.0

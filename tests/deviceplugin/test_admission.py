@@ -7,7 +7,7 @@ import pytest
 from gpushare import annotation
 from gpushare.deviceplugin.admission import AdmissionQueue, NoMatch
 from gpushare.inventory import NodeGpus, parse_layout
-from gpushare.labels import NodeMode, PlacementMode
+from gpushare.labels import NodeMode
 from gpushare.objects import Pod
 from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.request import parse_pod_request
@@ -15,7 +15,7 @@ from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
 from tests.builders import T0, being_deleted, container, pod
 
 NODE = "n1"
-INVENTORY = NodeGpus(NODE, NodeMode.CORE_MEM, PlacementMode.BINPACK, parse_layout("2x16GiB", NODE))
+INVENTORY = NodeGpus(NODE, NodeMode.CORE_MEM, parse_layout("2x16GiB", NODE))
 ALL = (GPU_MEM, GPU_COUNT, GPU_CORE)
 
 

@@ -4,11 +4,11 @@ import logging
 import threading
 
 from gpushare import annotation
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.deviceplugin.assignment import AssignmentWriter, patch_allocation
 from gpushare.inventory import node_gpus, parse_layout
 from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.request import parse_pod_request
-from gpushare.cluster.memory import MemoryCluster, gpu_node
 from tests.builders import T0, pod
 
 

@@ -12,13 +12,13 @@ import grpc
 import pytest
 
 from gpushare.cluster import ClusterError
+from gpushare.cluster.memory import MemoryCluster, MemoryWatch
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from gpushare.deviceplugin.plugin import WATCH_BACKOFF
 from gpushare.deviceplugin.worker import start_daemon
 from gpushare.environment import POD
 from gpushare.resources import GPU_COUNT, GPU_MEM
-from gpushare.cluster.memory import MemoryCluster, MemoryWatch
 from tests.deviceplugin.rig import WAIT, Rig, allocate, eventually, plugin_client
 
 TIMEOUTS = "gpushare_device_plugin_answer_timeouts_total"

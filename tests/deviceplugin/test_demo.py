@@ -4,9 +4,9 @@ from gpushare import annotation
 from gpushare.cli.demo.admission import admit_bound_pods, render
 from gpushare.cli.demo.extender import ExtenderStage
 from gpushare.cli.main import main
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.environment import MEM_CONTAINER, NVIDIA_VISIBLE_DEVICES
 from gpushare.inventory import parse_layout
-from gpushare.cluster.memory import MemoryCluster, gpu_node
 from tests.builders import container, pod
 
 LAYOUTS = {"a": "2x16GiB", "b": "1x24GiB"}

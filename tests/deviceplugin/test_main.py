@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.deviceplugin.main import build_parser, main, run
 from gpushare.inventory import parse_layout
 from gpushare.resources import GPU_COUNT, GPU_MEM
 from gpushare.testing.kubelet import KubeletStandIn
-from gpushare.cluster.memory import MemoryCluster, gpu_node
 from tests.deviceplugin.rig import WAIT, eventually
 
 FLAGS = (

@@ -2,11 +2,11 @@
 
 import logging
 
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.environment import POD
 from gpushare.inventory import parse_layout
 from gpushare.labels import LABEL_DISABLE_ISOLATION, LABEL_LEGACY_SHARE, LABEL_SCHEDULE
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
-from gpushare.cluster.memory import MemoryCluster, gpu_node
 from tests.deviceplugin.rig import WAIT, eventually
 
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gpushare import annotation
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.deviceplugin.nvml import NvmlBackend
 from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpushare.environment import NVIDIA_VISIBLE_DEVICES
@@ -15,7 +16,6 @@ from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.request import parse_pod_request
 from gpushare.resources import GPU_COUNT, GPU_MEM
 from gpushare.testing.kubelet import KubeletStandIn
-from gpushare.cluster.memory import MemoryCluster, gpu_node
 from tests.builders import pod
 from tests.deviceplugin.rig import WAIT
 

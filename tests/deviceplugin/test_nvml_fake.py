@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpushare.cli.inspect import collect, summary
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.deviceplugin.gpus import HealthChange
 from gpushare.deviceplugin.main import build_backend, build_parser, run
 from gpushare.deviceplugin.nvml import NvmlBackend
@@ -26,7 +27,6 @@ from gpushare.inventory import (
     parse_layout,
 )
 from gpushare.resources import GPU_MEM
-from gpushare.cluster.memory import MemoryCluster, gpu_node
 from tests.deviceplugin.rig import WAIT, Rig, eventually
 from tests.fakenvml import (
     MIB,

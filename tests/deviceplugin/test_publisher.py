@@ -6,10 +6,10 @@ from collections.abc import Mapping
 
 from gpushare.backoff import Backoff
 from gpushare.cluster import ClusterError
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.deviceplugin.publisher import InventoryPublisher
 from gpushare.inventory import NODE_GPUS_ANNOTATION, encode_gpus, parse_layout
 from gpushare.objects import Node
-from gpushare.cluster.memory import MemoryCluster, gpu_node
 from tests.deviceplugin.rig import WAIT
 
 

@@ -2,8 +2,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpushare.placement.policies import POLICIES
 from gpushare.cluster.memory import MemoryCluster
+from gpushare.placement.policies import POLICIES
 from tests.extender.harness import Scheduler
 
 

@@ -9,11 +9,11 @@ import httpx
 
 from gpushare import annotation
 from gpushare.allocation import PodAllocation
+from gpushare.cluster.memory import MemoryCluster
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import ExtenderConfig, ExtenderService
 from gpushare.objects import Pod
 from gpushare.placement.policies import POLICIES, PolicyFactory
-from gpushare.cluster.memory import MemoryCluster
 
 PREFIX = "/gpushare-scheduler"
 

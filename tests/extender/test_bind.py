@@ -7,9 +7,9 @@ from collections import defaultdict
 
 from gpushare import annotation
 from gpushare.cluster import ClusterError, EventSeverity
+from gpushare.cluster.memory import MemoryCluster
 from gpushare.inventory import parse_layout
 from gpushare.state import ClusterState
-from gpushare.cluster.memory import MemoryCluster
 from tests.builders import node, pod
 from tests.extender.harness import Scheduler, allocation_of, wait_until
 

@@ -13,8 +13,8 @@ import pytest
 from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster import ClusterError
-from gpushare.objects import Pod
 from gpushare.cluster.memory import MemoryCluster
+from gpushare.objects import Pod
 from tests.builders import container, node, pod
 from tests.extender.harness import Scheduler
 

@@ -3,8 +3,8 @@ scheduler stand-in, all over HTTP on loopback."""
 
 from gpushare.cli.demo.extender import ExtenderStage
 from gpushare.cli.main import main
-from gpushare.objects import Pod
 from gpushare.cluster.memory import MemoryCluster
+from gpushare.objects import Pod
 from gpushare.testing.scheduler import SchedulerStandIn
 from tests.builders import node, pod
 

@@ -5,8 +5,8 @@ import re
 
 import httpx
 
-from gpushare.inventory import parse_layout
 from gpushare.cluster.memory import gpu_node
+from gpushare.inventory import parse_layout
 from tests.builders import node, pod
 from tests.extender.harness import PREFIX, allocation_of, pod_json
 

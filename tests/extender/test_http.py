@@ -7,9 +7,9 @@ import threading
 import httpx
 import pytest
 
+from gpushare.cluster.memory import MemoryCluster
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import ExtenderConfig, ExtenderService
-from gpushare.cluster.memory import MemoryCluster
 from tests.builders import node, pod
 from tests.extender.harness import PREFIX, pod_json
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 import yaml
 
-from gpushare.extender.main import build_parser, config_from, main
 from gpushare.cluster.memory import MemoryCluster
+from gpushare.extender.main import build_parser, config_from, main
 from tests.builders import node
 from tests.extender.tls import self_signed
 from tests.kubecluster.apiserver import ApiServer

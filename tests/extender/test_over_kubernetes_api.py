@@ -11,12 +11,12 @@ import httpx
 from kubernetes import client
 
 from gpushare import annotation
+from gpushare.cluster.memory import MemoryCluster
 from gpushare.extender.app import BINDS_AT_ONCE
 from gpushare.extender.requeue import REQUEUED_AT_ANNOTATION
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import API_CONNECTIONS, ExtenderConfig, ExtenderService
 from gpushare.kubecluster import KubeCluster
-from gpushare.cluster.memory import MemoryCluster
 from tests.builders import node, pod
 from tests.extender.harness import PREFIX, pod_json, wait_until
 from tests.kubecluster.apiserver import ApiServer

@@ -4,9 +4,9 @@ no answer of the extender carries one, whatever the refusal."""
 
 import re
 
+from gpushare.cluster.memory import gpu_node
 from gpushare.inventory import NODE_GPUS_ANNOTATION, Gpu, parse_layout
 from gpushare.objects import Node, ObjectMeta
-from gpushare.cluster.memory import gpu_node
 from tests.builders import container, node, pod
 
 RULE = re.compile(r"\[([a-z0-9-]+)\]$")

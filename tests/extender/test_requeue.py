@@ -12,11 +12,11 @@ from dataclasses import replace
 import pytest
 
 from gpushare.cluster import NotFound
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.extender.requeue import LINGER_S, REQUEUED_AT_ANNOTATION
 from gpushare.inventory import NODE_GPUS_ANNOTATION, encode_gpus, parse_layout
 from gpushare.labels import LABEL_PLACEMENT
 from gpushare.objects import Pod
-from gpushare.cluster.memory import MemoryCluster, gpu_node
 from tests.builders import pod
 from tests.extender.harness import Scheduler, wait_until
 

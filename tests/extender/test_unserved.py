@@ -5,10 +5,10 @@ Warning event on the pod itself, where `kubectl describe pod` shows it."""
 import logging
 
 from gpushare.cluster import ClusterError, EventSeverity, EventType, ObjectRef
+from gpushare.cluster.memory import MemoryCluster, RecordedEvent
 from gpushare.extender.cache import SchedulerCache
 from gpushare.extender.unserved import SCHEDULER_NOT_SERVED
 from gpushare.objects import Pod, PodStatus
-from gpushare.cluster.memory import MemoryCluster, RecordedEvent
 from tests.builders import being_deleted, pod
 from tests.extender.harness import Scheduler, wait_until
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gpushare.cluster.memory import MemoryCluster
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import ExtenderConfig, ExtenderService
-from gpushare.cluster.memory import MemoryCluster
 from tests.builders import container, pod
 from tests.extender.harness import pod_json
 from tests.extender.tls import self_signed

@@ -40,7 +40,6 @@ from gpushare.extender.policychoice import node_policy
 from gpushare.extender.schedulernames import unserved_scheduler
 from gpushare.fitcache import FitCache
 from gpushare.inventory import adds_room, node_gpus
-from gpushare.labels import PlacementMode
 from gpushare.objects import Node, Pod
 from gpushare.placement.fit import PlacementPolicy, evaluate, extender_score, to_allocation
 from gpushare.placement.policies import POLICIES, PolicyFactory, build
@@ -109,13 +108,6 @@ class SchedulerCache:
         self.max_pods_per_gpu = max_pods_per_gpu
         self.assume_ttl_s = assume_ttl_s
         self._clock = clock
-        # pragma: no mutate start, the inventory's placement is read by nothing here (node_policy)
-        self._placement_default = (
-            PlacementMode(default_policy)
-            if default_policy in PlacementMode.__members__.values()
-            else PlacementMode.BINPACK
-        )
-        # pragma: no mutate end
         self._state = ClusterState()
         self._nodes: dict[str, Node] = {}
         self._node_policies: dict[str, str] = {}
@@ -593,7 +585,7 @@ class SchedulerCache:
         name = node.name
         policy = node_policy(node.metadata.labels, self.default_policy, self.policy_names)
         try:
-            inventory = node_gpus(node, self._placement_default, self.max_pods_per_gpu)
+            inventory = node_gpus(node, self.max_pods_per_gpu)
             problem = None
         except AnnotationError as err:
             inventory, problem = None, str(err)

@@ -13,7 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from gpushare.inventory import Gpu, NodeGpus
-from gpushare.labels import NodeMode, PlacementMode
+from gpushare.labels import NodeMode
 from gpushare.request import ContainerRequest, ContainerRole, PodRequest
 
 MILLI_PER_GPU = 1000
@@ -54,7 +54,6 @@ class TraceNode:
         return NodeGpus(
             node=self.name,
             mode=NodeMode.CORE_MEM,
-            placement=PlacementMode.BINPACK,
             gpus=gpus,
             max_pods_per_gpu=UNBOUNDED_PODS_PER_GPU,
             cpu_milli=self.cpu_milli,

@@ -14,7 +14,7 @@ from gpushare.environment import HIGH_PRIO, SCHD_WEIGHT
 from gpushare.inventory import NodeGpus, parse_layout
 from gpushare.isolation.backends.mock import Demand, MemoryStep, MockContainer, mock_devices
 from gpushare.isolation.backends.port import GpuDevice
-from gpushare.labels import NodeMode, PlacementMode
+from gpushare.labels import NodeMode
 from gpushare.objects import Pod
 from gpushare.placement.fit import Placement, evaluate, to_allocation
 from gpushare.placement.policies import BinpackPolicy
@@ -62,7 +62,7 @@ def place(
 ) -> Node:
     """Place each workload in order with binpack, as the extender would, and start it."""
     gpus = parse_layout(layout, node)
-    state = NodeState(NodeGpus(node, mode, PlacementMode.BINPACK, gpus))
+    state = NodeState(NodeGpus(node, mode, gpus))
     containers = []
     gpu_of = {}
     for workload in workloads:

@@ -19,11 +19,11 @@ from gpushare.allocation import PodAllocation
 from gpushare.cli.demo import admission
 from gpushare.cli.demo.extender import LARGE_MODELS, ExtenderStage
 from gpushare.cli.demo.isolation import run_stage as isolation_stage
+from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.inventory import parse_layout
 from gpushare.manifests import pods_from_manifests
 from gpushare.state import ClusterState
 from gpushare.table import render
-from gpushare.cluster.memory import MemoryCluster, gpu_node
 
 DEMO_NODES = (
     ("gpu-node-1", "core_mem", "2x16GiB:Tesla-T4", "10.0.0.11"),

@@ -13,12 +13,12 @@ from types import TracebackType
 from typing import Any
 
 from gpushare.annotation import decode
+from gpushare.cluster.memory import MemoryCluster
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import ExtenderConfig, ExtenderService
 from gpushare.objects import Pod
 from gpushare.request import parse_pod_request
 from gpushare.resources import SCHEDULER_NAME
-from gpushare.cluster.memory import MemoryCluster
 from gpushare.testing.scheduler import Outcome, SchedulerStandIn
 
 LARGE_MODELS = tuple(

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpushare.objects import Container, Pod
 from gpushare.request import ContainerRole, JobType
 
 ALLOCATION_VERSION: Literal[1] = 1
@@ -44,6 +45,11 @@ class ContainerAllocation(_Frozen):
     @property
     def mem_per_gpu(self) -> tuple[int, ...]:
         return tuple(s.mem for s in self.gpus)
+
+    def spec_in(self, pod: Pod) -> Container | None:
+        """This container's spec in `pod`: by its index, else by its name."""
+        init = self.role is not ContainerRole.APP
+        return pod.spec.container(self.index, self.name, init=init)
 
 
 class PodAllocation(_Frozen):

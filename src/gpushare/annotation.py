@@ -14,16 +14,14 @@ from typing import Final
 from pydantic import ValidationError
 
 from gpushare.allocation import ALLOCATION_VERSION, ContainerAllocation, GpuSlice, PodAllocation
+from gpushare.environment import MEM_DEV, MEM_IDX, MEM_POD
 from gpushare.errors import AnnotationError
 from gpushare.objects import Pod
 from gpushare.request import ContainerRole
-from gpushare.resources import GPU_CORE, GPU_MEM
+from gpushare.resources import GPU_CORE, GPU_MEM, RESOURCE
 
 ALLOCATION: Final = "gpushare.io/allocation"
 
-ACK_MEM_IDX: Final = "ALIYUN_COM_GPU_MEM_IDX"
-ACK_MEM_POD: Final = "ALIYUN_COM_GPU_MEM_POD"
-ACK_MEM_DEV: Final = "ALIYUN_COM_GPU_MEM_DEV"
 ACK_ASSUME_TIME: Final = "ALIYUN_COM_GPU_MEM_ASSUME_TIME"
 ACK_ASSIGNED: Final = "ALIYUN_COM_GPU_MEM_ASSIGNED"
 ACK_V2_ALLOCATION: Final = "scheduler.framework.gpushare.allocation"
@@ -32,9 +30,9 @@ ACK_V2_ASSUME_TIME: Final = "scheduler.framework.gpushare.assume-time"
 
 ALL_KEYS: Final = (
     ALLOCATION,
-    ACK_MEM_IDX,
-    ACK_MEM_POD,
-    ACK_MEM_DEV,
+    MEM_IDX,
+    MEM_POD,
+    MEM_DEV,
     ACK_ASSUME_TIME,
     ACK_ASSIGNED,
     ACK_V2_ALLOCATION,
@@ -56,9 +54,9 @@ def encode(allocation: PodAllocation) -> dict[str, str]:
         per_gpu[str(s.index)] = per_gpu.get(str(s.index), 0) + s.mem
     annotations = {
         ALLOCATION: allocation.model_dump_json(by_alias=True),
-        ACK_MEM_IDX: ",".join(str(i) for i in allocation.gpu_indices),
-        ACK_MEM_POD: str(allocation.total_mem),
-        ACK_MEM_DEV: str(first.gpu_mem if first else 0),
+        MEM_IDX: ",".join(str(i) for i in allocation.gpu_indices),
+        MEM_POD: str(allocation.total_mem),
+        MEM_DEV: str(first.gpu_mem if first else 0),
         ACK_ASSUME_TIME: assume_ns,
         ACK_V2_ALLOCATION: json.dumps(ack_v2, separators=(",", ":")),
         ACK_V2_ASSUME_TIME: assume_ns,
@@ -91,7 +89,7 @@ def decode(pod: Pod) -> PodAllocation | None:
     ours = annotations.get(ALLOCATION)
     if ours is not None:
         return _decode_ours(ours)
-    if ACK_V2_ALLOCATION in annotations or ACK_MEM_IDX in annotations:
+    if ACK_V2_ALLOCATION in annotations or MEM_IDX in annotations:
         return _decode_ack(pod)
     return None
 
@@ -124,15 +122,15 @@ def _decode_ack(pod: Pod) -> PodAllocation:
         per_container = _ack_containers(pod, annotations)
         assumed = annotations.get(ACK_ASSUME_TIME) or annotations.get(ACK_V2_ASSUME_TIME)
         bound_at = datetime.fromtimestamp(int(assumed) / 1e9, tz=UTC) if assumed else _EPOCH
-        dev_mem = int(annotations.get(ACK_MEM_DEV, "0"))
+        dev_mem = int(annotations.get(MEM_DEV, "0"))
     except (ValueError, AttributeError, TypeError, OverflowError) as err:
         raise AnnotationError(f"ACK allocation keys of pod {pod.key} are malformed: {err}") from err
     flag = annotations.get(ACK_ASSIGNED) or annotations.get(ACK_V2_ASSIGNED)
     assigned = flag is not None and flag.lower() == "true"
     containers = []
     for index, per_gpu in sorted(per_container.items()):
-        spec = pod.spec.containers[index] if index < len(pod.spec.containers) else None
-        core = _int_limit(spec.resources.limits, GPU_CORE) if spec else 0
+        spec = pod.spec.container(index)
+        core = RESOURCE[GPU_CORE].requested(spec.resources.limits) if spec else 0
         slices = tuple(
             GpuSlice(index=gpu, mem=mem, core=core, gpu_mem=dev_mem)
             for gpu, mem in sorted(per_gpu.items())
@@ -159,21 +157,16 @@ def _ack_containers(pod: Pod, annotations: Mapping[str, str]) -> dict[int, dict[
         raw = json.loads(v2)
         return {int(c): {int(g): int(m) for g, m in gpus.items()} for c, gpus in raw.items()}
     # ACK's first version: one GPU index for the whole pod, memory per container limits.
-    index_key = annotations.get(ACK_MEM_IDX)
+    index_key = annotations.get(MEM_IDX)
     if index_key is None:
-        raise ValueError(f"{ACK_V2_ALLOCATION} is empty and there is no {ACK_MEM_IDX}")
+        raise ValueError(f"{ACK_V2_ALLOCATION} is empty and there is no {MEM_IDX}")
     gpu = int(index_key.split(",")[0])
     result = {}
     for index, container in enumerate(pod.spec.containers):
-        mem = _int_limit(container.resources.limits, GPU_MEM)
+        mem = RESOURCE[GPU_MEM].requested(container.resources.limits)
         if mem:
             result[index] = {gpu: mem}
     return result
-
-
-def _int_limit(limits: Mapping[str, str], resource: str) -> int:
-    value = limits.get(resource, "0")  # pragma: no mutate: any non-digit default reads as 0
-    return int(value) if value.strip().isdigit() else 0
 
 
 def _slices(allocation: PodAllocation) -> list[GpuSlice]:

@@ -8,7 +8,6 @@ from typing import Final
 
 from gpushare.allocation import ContainerAllocation, PodAllocation
 from gpushare.objects import Pod
-from gpushare.request import ContainerRole
 
 NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
 MEM_IDX: Final = "ALIYUN_COM_GPU_MEM_IDX"
@@ -103,10 +102,8 @@ def _flag(value: str | None) -> bool:
 
 
 def _spec_env(pod: Pod, container: ContainerAllocation) -> dict[str, str]:
-    group = pod.spec.containers if container.role is ContainerRole.APP else pod.spec.init_containers
-    if container.index < len(group) and group[container.index].name == container.name:
-        return {e.name: e.value for e in group[container.index].env if e.value is not None}
-    return {}
+    spec = container.spec_in(pod)
+    return {e.name: e.value for e in spec.env if e.value is not None} if spec else {}
 
 
 def _join(values: Iterable[object]) -> str:

@@ -4,7 +4,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Final
 
-from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
+from gpushare.resources import RESOURCES
 
 LABEL_SCHEDULE: Final = "ack.node.gpu.schedule"
 LABEL_PLACEMENT: Final = "ack.node.gpu.placement"
@@ -20,9 +20,9 @@ class NodeMode(StrEnum):
 
     @property
     def advertised_resources(self) -> tuple[str, ...]:
-        if self is NodeMode.CORE_MEM:
-            return (GPU_MEM, GPU_COUNT, GPU_CORE)
-        return (GPU_MEM, GPU_COUNT)
+        return tuple(
+            r.name for r in RESOURCES if self is NodeMode.CORE_MEM or not r.needs_compute_isolation
+        )
 
     @property
     def isolates_memory(self) -> bool:

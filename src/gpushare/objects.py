@@ -67,6 +67,16 @@ class PodSpec(K8sModel):
     priority: int | None = None
     """Set by the API server from priorityClassName; nil counts as 0."""
 
+    def container(
+        self, index: int, name: str | None = None, init: bool = False
+    ) -> Container | None:
+        """The container at `index` of its list (init containers' with `init`); with a
+        `name`, the one of that name when the index holds another (a spec edited since)."""
+        group = self.init_containers if init else self.containers
+        if index < len(group) and name in (None, group[index].name):
+            return group[index]
+        return next((c for c in group if c.name == name), None) if name is not None else None
+
 
 class PodStatus(K8sModel):
     phase: str | None = None

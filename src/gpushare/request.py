@@ -4,7 +4,6 @@
 the admission webhook, the extender and the device plugin all call it.
 """
 
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
@@ -19,9 +18,8 @@ from gpushare.resources import (
     GPU_MEM,
     MANAGED_RESOURCES,
     POD_LABEL_GPU_COUNT,
+    parse_quantity,
 )
-
-_WHOLE_NUMBER = re.compile(r"^\+?\d+$")
 
 
 class ContainerRole(StrEnum):
@@ -173,7 +171,8 @@ def _split_label(pod: Pod, refusals: list[Refusal]) -> int:
     value = pod.metadata.labels.get(POD_LABEL_GPU_COUNT)
     if value is None:
         return 1
-    if not _WHOLE_NUMBER.match(value.strip()) or int(value) < 1:
+    count = parse_quantity(value)
+    if count is None or count < 1:
         refusals.append(
             Refusal(
                 Rule.MULTI_GPU_LABEL,
@@ -182,7 +181,7 @@ def _split_label(pod: Pod, refusals: list[Refusal]) -> int:
             )
         )
         return 1
-    return int(value)
+    return count
 
 
 def _quantity(container: Container, resource: str, refusals: list[Refusal]) -> int:
@@ -200,21 +199,20 @@ def _quantity(container: Container, resource: str, refusals: list[Refusal]) -> i
             )
         )
         return 0
-    if not _WHOLE_NUMBER.match(limit.strip()):
+    count = parse_quantity(limit)
+    if count is None:
         refusals.append(
             Refusal(Rule.NOT_AN_INTEGER, f"{where} must be a whole number, got {limit!r}")
         )
         return 0
-    if request is not None and not (
-        _WHOLE_NUMBER.match(request.strip()) and int(request) == int(limit)
-    ):
+    if request is not None and parse_quantity(request) != count:
         refusals.append(
             Refusal(
                 Rule.REQUEST_NOT_EQUAL_LIMIT,
                 f"{where} request {request!r} must equal its limit {limit!r}",
             )
         )
-    return int(limit)
+    return count
 
 
 def _container_request(

@@ -119,16 +119,18 @@ def test_an_init_container_gets_its_own_weight_and_priority():
 
 
 @pytest.mark.parametrize("index", [1, 5], ids=["just-past-the-end", "far-past-the-end"])
-def test_an_allocation_naming_a_container_the_spec_lacks_gets_the_defaults(index):
+def test_an_allocation_whose_index_the_spec_lacks_reads_its_container_by_name(index):
     """A pod re-created with fewer containers than its allocation remembers: the
-    container still starts, with the default weight, not a crash of Allocate."""
+    container is found by its name (as the plugin's admission finds it), and one the
+    spec no longer has starts with the default weight, not a crash of Allocate."""
     spec = container("main", mem=2)
     spec["env"] = [{"name": "ALIYUN_COM_GPU_SCHD_WEIGHT", "value": "4"}]
     p = pod("shrunk", containers=[spec])
     allocation = allocated(p)
     moved = allocation.containers[0].model_copy(update={"index": index})
-    variables = env.container_env(p, allocation, moved, False)
-    assert variables["ALIYUN_COM_GPU_SCHD_WEIGHT"] == "1"
+    assert env.container_env(p, allocation, moved, False)["ALIYUN_COM_GPU_SCHD_WEIGHT"] == "4"
+    gone = moved.model_copy(update={"name": "removed"})
+    assert env.container_env(p, allocation, gone, False)["ALIYUN_COM_GPU_SCHD_WEIGHT"] == "1"
 
 
 def test_only_the_memory_variable_is_needed_and_the_rest_default():

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from gpushare import annotation
+from gpushare import annotation, environment
 from gpushare.deviceplugin.admission import AdmissionQueue, CallEnded, NoMatch, QueueBusy
 from gpushare.deviceplugin.deadline import Deadline
 from gpushare.errors import AnnotationError
@@ -327,8 +327,8 @@ def test_an_ack_allocation_naming_a_container_the_pod_lacks_leaves_it_out():
         node=NODE,
         annotations={
             annotation.ACK_V2_ALLOCATION: '{"0":{"0":2},"1":{"1":2}}',
-            annotation.ACK_MEM_IDX: "0,1",
-            annotation.ACK_MEM_DEV: "16",
+            environment.MEM_IDX: "0,1",
+            environment.MEM_DEV: "16",
             annotation.ACK_ASSUME_TIME: "1",
         },
     )

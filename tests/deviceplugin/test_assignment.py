@@ -3,7 +3,7 @@
 import logging
 import threading
 
-from gpushare import annotation
+from gpushare import annotation, environment
 from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.deviceplugin.assignment import AssignmentWriter, patch_allocation
 from gpushare.inventory import node_gpus, parse_layout
@@ -118,7 +118,7 @@ def test_an_allocation_that_cannot_be_read_is_left_as_it_is(caplog):
 def test_a_repair_that_moves_a_container_rewrites_every_key_of_the_allocation():
     cluster = _cluster()
     bound = _bound(cluster, "p")
-    assert bound.metadata.annotations[annotation.ACK_MEM_IDX] == "0"
+    assert bound.metadata.annotations[environment.MEM_IDX] == "0"
 
     def to_gpu_1(allocation):
         [main] = allocation.containers
@@ -130,7 +130,7 @@ def test_a_repair_that_moves_a_container_rewrites_every_key_of_the_allocation():
     patched = patch_allocation(cluster, bound, to_gpu_1)
 
     assert patched is not None
-    assert patched.metadata.annotations[annotation.ACK_MEM_IDX] == "1"
+    assert patched.metadata.annotations[environment.MEM_IDX] == "1"
     assert [s.index for s in annotation.decode(patched).containers[0].gpus] == [1]
 
 
@@ -138,9 +138,9 @@ def test_marking_a_pod_acks_scheduler_placed_leaves_its_placement_keys_alone():
     cluster = _cluster()
     cluster.create_pod(pod("ack", mem=3))
     ack_keys = {
-        annotation.ACK_MEM_IDX: "0",
-        annotation.ACK_MEM_POD: "3",
-        annotation.ACK_MEM_DEV: "16",
+        environment.MEM_IDX: "0",
+        environment.MEM_POD: "3",
+        environment.MEM_DEV: "16",
         annotation.ACK_ASSUME_TIME: "1700000000000000000",
         annotation.ACK_ASSIGNED: "false",
     }

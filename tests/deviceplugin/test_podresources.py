@@ -107,7 +107,7 @@ def test_a_pod_admitted_before_an_older_one_of_its_size_gets_the_annotation_of_i
     assert rig.plugin.metrics.value("gpushare_device_plugin_annotation_repairs_total") == 2
     # ACK-compatible keys follow the repaired placement.
     older_pod = rig.cluster.get_pod("default", "older")
-    assert older_pod.metadata.annotations[annotation.ACK_MEM_IDX] == "1"
+    assert older_pod.metadata.annotations[MEM_IDX] == "1"
 
     # The older pod's own admission then gets the GPU its annotation names.
     [second] = rig.kubelet.admit(rig.cluster.get_pod("default", "older"))

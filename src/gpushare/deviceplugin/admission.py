@@ -32,7 +32,7 @@ from gpushare.deviceplugin.deadline import Deadline
 from gpushare.errors import AnnotationError
 from gpushare.objects import Container, Pod
 from gpushare.request import ContainerRole
-from gpushare.resources import MANAGED_RESOURCES
+from gpushare.resources import RESOURCES
 
 _EPOCH = datetime.fromtimestamp(0, tz=UTC)
 _LISTED = 8
@@ -290,7 +290,7 @@ class AdmissionQueue:
             return None
         containers = []
         for container in sorted(allocation.containers, key=_admission_rank):
-            requests = _requests(_spec(pod, container))
+            requests = _requests(container.spec_in(pod))
             if requests:
                 containers.append(WaitingContainer(pod, allocation, container, requests))
         return _BoundPod(pod, allocation, tuple(containers), raw)
@@ -378,22 +378,9 @@ def _admission_rank(container: ContainerAllocation) -> tuple[int, int]:
     return (1 if container.role is ContainerRole.APP else 0, container.index)
 
 
-def _spec(pod: Pod, container: ContainerAllocation) -> Container | None:
-    group = pod.spec.containers if container.role is ContainerRole.APP else pod.spec.init_containers
-    if container.index < len(group) and group[container.index].name == container.name:
-        return group[container.index]
-    return next((c for c in group if c.name == container.name), None)
-
-
 def _requests(container: Container | None) -> dict[str, int]:
     """The counts the kubelet asks for: whole-number limits of our resources."""
     if container is None:
         return {}
-    requests = {}
-    for resource in MANAGED_RESOURCES:
-        # pragma: no mutate start, any default that is not digits reads as no limit alike
-        value = container.resources.limits.get(resource, "").strip()
-        # pragma: no mutate end
-        if value.isdigit() and int(value) > 0:
-            requests[resource] = int(value)
-    return requests
+    counts = {r.name: r.requested(container.resources.limits) for r in RESOURCES}
+    return {name: count for name, count in counts.items() if count > 0}

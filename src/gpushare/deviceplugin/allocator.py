@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from queue import SimpleQueue
 from typing import Final
 
-from gpushare.allocation import ContainerAllocation, GpuSlice
+from gpushare.allocation import ContainerAllocation
 from gpushare.deviceplugin.admission import (
     AdmissionQueue,
     CallEnded,
@@ -38,7 +38,7 @@ from gpushare.deviceplugin.metrics import PluginMetrics
 from gpushare.deviceplugin.node import LocalNode, NodeSnapshot
 from gpushare.deviceplugin.worker import start_daemon
 from gpushare.environment import CORE_PERCENTAGE, container_env
-from gpushare.resources import GPU_CORE, GPU_COUNT
+from gpushare.resources import GPU_CORE, RESOURCE
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class Allocator:
                     why,
                 )
             return []
-        wanted = [(s.index, _units(resource, s)) for s in waiting.container.gpus]
+        wanted = [(s.index, RESOURCE[resource].units(s)) for s in waiting.container.gpus]
         return preferred_ids(
             self._node.snapshot().catalog,
             wanted,
@@ -320,12 +320,3 @@ def _on_node_gpus(container: ContainerAllocation, snapshot: NodeSnapshot) -> Con
         for s in container.gpus
     )
     return container.model_copy(update={"gpus": slices})
-
-
-def _units(resource: str, gpu_slice: GpuSlice) -> int:
-    """Device IDs of `resource` the container holds on one of its GPUs."""
-    if resource == GPU_CORE:
-        return gpu_slice.core
-    if resource == GPU_COUNT:
-        return 1  # pragma: no mutate: a GPU has one gpu-count ID: asking more takes the same
-    return gpu_slice.mem

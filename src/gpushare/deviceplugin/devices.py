@@ -18,16 +18,15 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from gpushare.inventory import Gpu
-from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
+from gpushare.resources import RESOURCE, RESOURCES
 
 HEALTHY: Final = "Healthy"
 UNHEALTHY: Final = "Unhealthy"
 MAX_ID_LENGTH: Final = 63
 
-KIND: Final = {GPU_MEM: "mem", GPU_COUNT: "gpu", GPU_CORE: "core"}
-_RESOURCE_OF_KIND: Final = {kind: resource for resource, kind in KIND.items()}
+_RESOURCE_OF_KIND: Final = {r.device_kind: r.name for r in RESOURCES}
 _SAFE_UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,47}$")
-_DEVICE_ID = re.compile(r"^(?P<gpu>.+)-(?P<kind>mem|gpu|core)-(?P<unit>\d+)$")
+_DEVICE_ID = re.compile(rf"^(?P<gpu>.+)-(?P<kind>{'|'.join(_RESOURCE_OF_KIND)})-(?P<unit>\d+)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +36,7 @@ class DeviceId:
     unit: int
 
     def __str__(self) -> str:
-        return f"{self.gpu_key}-{KIND[self.resource]}-{self.unit}"
+        return f"{self.gpu_key}-{RESOURCE[self.resource].device_kind}-{self.unit}"
 
 
 def gpu_key(uuid: str) -> str:
@@ -56,13 +55,9 @@ def parse_device_id(value: str) -> DeviceId | None:
 
 def units(resource: str, gpu: Gpu) -> int:
     """How many device IDs of `resource` one GPU contributes."""
-    if resource == GPU_MEM:
-        return gpu.mem
-    if resource == GPU_CORE:
-        return gpu.core
-    if resource == GPU_COUNT:
-        return 1
-    raise ValueError(f"{resource} is not a gpushare resource")
+    if resource not in RESOURCE:
+        raise ValueError(f"{resource} is not a gpushare resource")
+    return RESOURCE[resource].units(gpu)
 
 
 @dataclass(frozen=True, slots=True)

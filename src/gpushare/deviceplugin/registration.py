@@ -30,17 +30,13 @@ from gpushare.deviceplugin.feed import DeviceFeed
 from gpushare.deviceplugin.metrics import PluginMetrics
 from gpushare.deviceplugin.server import OPTIONS, ResourceServer
 from gpushare.deviceplugin.worker import start_daemon
-from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
+from gpushare.resources import RESOURCES
 
 log = logging.getLogger(__name__)
 
 API_VERSION: Final = "v1beta1"
 KUBELET_SOCKET: Final = "kubelet.sock"
-SOCKET_NAMES: Final = {
-    GPU_MEM: "gpushare-mem.sock",
-    GPU_COUNT: "gpushare-count.sock",
-    GPU_CORE: "gpushare-core.sock",
-}
+SOCKET_NAMES: Final = {r.name: r.socket for r in RESOURCES}
 MAX_SOCKET_PATH: Final = 107
 """sun_path holds 108 bytes including the terminating NUL."""
 WITHDRAW_FLUSH: Final = 1.0

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from gpushare.environment import HIGH_PRIO, SCHD_WEIGHT
+from gpushare.environment import HIGH_PRIO, POD, SCHD_WEIGHT
 from gpushare.inventory import NodeGpus, parse_layout
 from gpushare.isolation.backends.mock import Demand, MemoryStep, MockContainer, mock_devices
 from gpushare.isolation.backends.port import GpuDevice
@@ -49,7 +49,7 @@ class Node:
 
     def container(self, pod_name: str) -> MockContainer:
         for container in self.containers:
-            if container.environ.get("GPUSHARE_POD", "").endswith(f"/{pod_name}"):
+            if container.environ.get(POD, "").endswith(f"/{pod_name}"):
                 return container
         raise KeyError(f"no pod {pod_name} in the scenario")
 

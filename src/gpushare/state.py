@@ -78,11 +78,13 @@ caches keyed on (node, version) cannot confuse a rebuilt state with an old one."
 
 
 class NodeState:
+    _view: NodeView | None
+    """Made when first asked for after a change (`_changed` drops it)."""
+
     def __init__(self, inventory: NodeGpus) -> None:
         self._start(inventory)
 
     def _start(self, inventory: NodeGpus) -> None:
-        self._view: NodeView | None = None  # pragma: no mutate: _changed() sets it below
         self.inventory = inventory
         self.pods: dict[str, PodAllocation] = {}
         self._loads = {gpu.index: _GpuLoad() for gpu in inventory.gpus}

@@ -133,7 +133,7 @@ class Cluster(Protocol):
         namespace: str,
         name: str,
         node_name: str,
-        uid: str = "",  # pragma: no mutate: never used, each adapter has its own default
+        uid: str = ...,
         annotations: Mapping[str, str] | None = None,
     ) -> None:
         """Create the pod's Binding; AlreadyBound if it has a node, Conflict on a UID

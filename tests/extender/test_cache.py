@@ -8,6 +8,7 @@ from gpushare.cluster import EventType
 from gpushare.errors import Refusal
 from gpushare.extender.cache import CacheCounts, SchedulerCache, interesting
 from gpushare.extender.inspect import cluster_report
+from gpushare.extender.pendingpod import PendingPod
 from gpushare.inventory import NODE_GPUS_ANNOTATION, parse_layout
 from gpushare.objects import Node, PodStatus
 from gpushare.placement.lookahead import LookaheadFgdPolicy
@@ -33,14 +34,22 @@ def started(clock: Clock | None = None) -> SchedulerCache:
 
 def assume(cache: SchedulerCache, name: str, mem: int, node: str = "n") -> PodAllocation:
     """Reserves what bind would for the pod (its allocation assumed)."""
-    allocation = cache.reserve(f"default/{name}", f"uid-{name}", node, request(mem=mem), None, T0)
+    allocation = cache.reserve(asking(name, mem), node, T0)
     assert isinstance(allocation, PodAllocation), allocation
     return allocation
 
 
+def asking(
+    name: str, mem: int, policy: str | None = None, uid: str | None = None, priority: int = 0
+) -> PendingPod:
+    """Pod `name` (UID uid-<name> unless given) as the verbs hand it to the cache."""
+    uid = f"uid-{name}" if uid is None else uid
+    return PendingPod(f"default/{name}", uid, request(mem=mem), policy, priority)
+
+
 def answer(cache: SchedulerCache, mem: int) -> tuple:
     """What filter and prioritize would send about node n (the table's entry)."""
-    return cache.answers(request(mem=mem), None, ["n"]).entries[0]
+    return cache.answers(asking("p", mem), ["n"]).entries[0]
 
 
 def refusal(cache: SchedulerCache, mem: int) -> str:
@@ -133,8 +142,8 @@ def test_results_are_reused_until_the_node_changes():
     assert answer(cache, 10) is first
     assume(cache, "p", 10)
     assert "[insufficient-gpu-memory]" in refusal(cache, 10)
-    smaller = cache.answers(request(mem=4), None, ["n"])  # a shape first asked after the change
-    assert cache.answers(request(mem=4), None, ["n"]) is smaller
+    smaller = cache.answers(asking("p", 4), ["n"])  # a shape first asked after the change
+    assert cache.answers(asking("p", 4), ["n"]) is smaller
 
 
 def test_a_node_status_update_that_changes_nothing_keeps_the_results():
@@ -181,10 +190,10 @@ def test_a_candidate_list_asked_again_is_patched_where_nodes_changed(names, befo
     cache = SchedulerCache()
     cache.replace_nodes([node(f"n{i}", "1x16GiB") for i in range(4)])
     cache.replace_pods([])
-    first = cache.answers(request(mem=10), None, names)
+    first = cache.answers(asking("p", 10), names)
     assert first.passed_json() == before
     assume(cache, "p", 10, node="n1")
-    again = cache.answers(request(mem=10), None, list(names))
+    again = cache.answers(asking("p", 10), list(names))
     assert again.passed_json() == after
     assert '"n1":' in again.failed_json()
     assert first.passed_json() == before  # an answer already given stays as it was
@@ -197,7 +206,7 @@ def learns_on_filter() -> LookaheadFgdPolicy:
 
 def teach(cache: SchedulerCache, policy: str | None, pods: int = 40) -> None:
     for i in range(pods):
-        cache.filter(f"default/p{i}", f"uid-p{i}", request(mem=4), policy, ["n"])
+        cache.filter(asking(f"p{i}", 4, policy), ["n"])
 
 
 def test_another_policy_learning_keeps_the_results_of_this_one():
@@ -206,11 +215,11 @@ def test_another_policy_learning_keeps_the_results_of_this_one():
     cache.replace_nodes([node("n", "1x16GiB")])
     cache.replace_pods([])
     packed = answer(cache, 10)
-    ours = cache.answers(request(mem=10), learning.name, ["n"]).entries[0]
+    ours = cache.answers(asking("p", 10, learning.name), ["n"]).entries[0]
     teach(cache, learning.name)
     assert learning.epoch > 0
     assert answer(cache, 10) is packed
-    assert cache.answers(request(mem=10), learning.name, ["n"]).entries[0] is not ours
+    assert cache.answers(asking("p", 10, learning.name), ["n"]).entries[0] is not ours
 
 
 def test_each_cache_teaches_policy_objects_of_its_own():
@@ -233,7 +242,7 @@ def test_each_cache_teaches_policy_objects_of_its_own():
 def test_a_bind_reserves_only_what_still_fits():
     cache = started()
     assume(cache, "p", 10)
-    refused = cache.reserve("default/q", "uid-q", "n", request(mem=10), None, T0)
+    refused = cache.reserve(asking("q", 10), "n", T0)
     assert isinstance(refused, Refusal) and "insufficient-gpu-memory" in str(refused)
     assert cache.assumed_keys() == ["default/p"] and used(cache) == 10
 
@@ -295,7 +304,7 @@ def test_preempt_never_evicts_a_pod_whose_bind_the_watch_has_not_shown():
     assume(cache, "new", 4)
     bound_pod(cache, "low", 10)
     offered = ["uid-new", "uid-low"]
-    assert cache.victims("n", request(mem=10), None, 100, offered) == ["uid-low"]
+    assert cache.victims("n", asking("high", 10, priority=100), offered) == ["uid-low"]
 
 
 def unserved_pods(count: int) -> list:
@@ -390,9 +399,7 @@ def test_a_fresh_cache_takes_watch_events_before_any_listing():
     cache.apply_pod(EventType.ADDED, pod("bad", mem=1, annotations={"gpushare.io/allocation": "{"}))
     cache.apply_pod(EventType.ADDED, unserved_pods(1)[0])
     assert refusal(cache, 16) == ""
-    assert (
-        "gpushare.io/gpus is malformed" in cache.answers(request(mem=1), None, ["b"]).entries[0][3]
-    )
+    assert "gpushare.io/gpus is malformed" in cache.answers(asking("p", 1), ["b"]).entries[0][3]
     assert "not a JSON object" in cache.pod_problem("default/bad")
     assert cache.take_unserved() == [("default/p0", "u0", "nobody-scheduler")]
 
@@ -424,35 +431,35 @@ def test_with_a_ttl_of_zero_an_unconfirmed_reservation_goes_at_the_first_expiry(
 
 def test_answers_of_the_last_64_request_shapes_are_kept():
     cache = started()
-    first = cache.answers(request(mem=1), None, ["n"])
+    first = cache.answers(asking("p", 1), ["n"])
     for mem in range(2, 65):  # 63 more shapes
-        cache.answers(request(mem=mem), None, ["n"])
-    assert cache.answers(request(mem=1), None, ["n"]) is first
+        cache.answers(asking("p", mem), ["n"])
+    assert cache.answers(asking("p", 1), ["n"]) is first
     for mem in range(65, 129):  # 64 more: the first is the least recently used
-        cache.answers(request(mem=mem), None, ["n"])
-    assert cache.answers(request(mem=1), None, ["n"]) is not first
+        cache.answers(asking("p", mem), ["n"])
+    assert cache.answers(asking("p", 1), ["n"]) is not first
 
 
 def test_an_empty_candidate_list_asked_again_after_a_change_is_still_empty():
     cache = started()
-    assert cache.answers(request(mem=1), None, ["n"]).passed_json() == '["n"]'
-    assert cache.answers(request(mem=1), None, []).passed_json() == "[]"
+    assert cache.answers(asking("p", 1), ["n"]).passed_json() == '["n"]'
+    assert cache.answers(asking("p", 1), []).passed_json() == "[]"
     assume(cache, "p", 10)  # n changed
-    assert cache.answers(request(mem=1), None, []).passed_json() == "[]"
+    assert cache.answers(asking("p", 1), []).passed_json() == "[]"
 
 
 def test_a_relisting_of_the_nodes_nudges_the_pods_refused_everywhere():
     cache = started()
     assume(cache, "big", 16)
-    assert cache.filter("default/p", "uid-p", request(mem=8), None, ["n"]).fits_nowhere()
+    assert cache.filter(asking("p", 8), ["n"]).fits_nowhere()
     cache.replace_nodes([node("n", "1x16GiB")])  # what changed while the watch was away: unknown
     assert cache.take_requeue(10) == ({"n"}, [("default/p", "uid-p")])
 
 
 def test_the_same_candidates_sent_again_get_the_answer_already_made():
     cache = started()
-    first = cache.answers(request(mem=4), None, ["n"])
-    assert cache.answers(request(mem=4), None, ["n"]) is first
+    first = cache.answers(asking("p", 4), ["n"])
+    assert cache.answers(asking("p", 4), ["n"]) is first
 
 
 def test_a_deleted_pod_leaves_no_problem_and_no_nudge_behind():
@@ -461,9 +468,7 @@ def test_a_deleted_pod_leaves_no_problem_and_no_nudge_behind():
     cache.apply_pod(EventType.ADDED, bad)
     assume(cache, "big", 16)
     cache.apply_pod(EventType.ADDED, pod("waiting", mem=8))
-    assert cache.filter(
-        "default/waiting", "uid-waiting", request(mem=8), None, ["n"]
-    ).fits_nowhere()
+    assert cache.filter(asking("waiting", 8), ["n"]).fits_nowhere()
     cache.apply_pod(EventType.DELETED, bad)
     cache.apply_pod(EventType.DELETED, pod("waiting", mem=8))
     assert cache.pod_problem("default/bad") is None and cluster_report(cache)["podProblems"] == {}
@@ -473,7 +478,7 @@ def test_a_deleted_pod_leaves_no_problem_and_no_nudge_behind():
 def test_a_pod_the_watch_shows_bound_waits_for_no_nudge():
     cache = started()
     assume(cache, "big", 16)
-    assert cache.filter("default/p", "uid-p", request(mem=8), None, ["n"]).fits_nowhere()
+    assert cache.filter(asking("p", 8), ["n"]).fits_nowhere()
     assert cache.refused_keys() == ["default/p"]
     cache.apply_pod(EventType.MODIFIED, pod("p", mem=8, node="elsewhere"))
     assert cache.refused_keys() == [] and cache.counts().refused == 0
@@ -546,7 +551,7 @@ def test_the_10000_pods_refused_last_are_kept_for_the_nudge():
     cache = started()
     assume(cache, "big", 16)
     for i in range(10_001):
-        cache.filter(f"default/p{i}", f"u{i}", request(mem=8), None, ["n"])
+        cache.filter(asking(f"p{i}", 8, uid=f"u{i}"), ["n"])
     waiting = cache.refused_keys()
     assert len(waiting) == 10_000 and waiting[0] == "default/p1" and waiting[-1] == "default/p10000"
 
@@ -554,9 +559,9 @@ def test_the_10000_pods_refused_last_are_kept_for_the_nudge():
 def test_a_pod_that_fits_again_waits_for_no_nudge():
     cache = started()
     assume(cache, "big", 16)
-    assert cache.filter("default/p", "uid-p", request(mem=8), None, ["n"]).fits_nowhere()
+    assert cache.filter(asking("p", 8), ["n"]).fits_nowhere()
     cache.forget("default/big", "uid-big")
-    assert not cache.filter("default/p", "uid-p", request(mem=8), None, ["n"]).fits_nowhere()
+    assert not cache.filter(asking("p", 8), ["n"]).fits_nowhere()
     assert cache.refused_keys() == []
 
 
@@ -568,9 +573,9 @@ def test_the_nudge_skips_pods_bound_leaving_or_created_again_and_keeps_unseen_on
     cache.apply_pod(EventType.ADDED, pod("again", mem=8))  # its UID is uid-again now
     cache.apply_pod(EventType.ADDED, pod("waiting", mem=8))
     for name, uid in [("bound", "uid-bound"), ("leaving", "uid-leaving"), ("again", "old")]:
-        cache.filter(f"default/{name}", uid, request(mem=8), None, ["n"])
+        cache.filter(asking(name, 8, uid=uid), ["n"])
     for name in ("unseen", "waiting"):
-        cache.filter(f"default/{name}", f"uid-{name}", request(mem=8), None, ["n"])
+        cache.filter(asking(name, 8), ["n"])
     assert cache.take_requeue(1) == (set(), [("default/unseen", "uid-unseen")])
     assert cache.refused_keys() == ["default/unseen", "default/waiting"]
     assert cache.take_requeue(10)[1] == [
@@ -617,10 +622,10 @@ def test_filter_teaches_each_pod_once_by_uid_and_answers_by_the_pods_policy():
     cache.replace_nodes([node("n", "1x16GiB")])
     cache.replace_pods([])
     for uid in ("uid-1", "uid-1", "uid-2", "", ""):  # the same name, created again
-        cache.filter("default/p", uid, request(mem=4), None, ["n"])
+        cache.filter(asking("p", 4, uid=uid), ["n"])
     assert len(counting.observed) == 3
-    assert cache.filter("default/q", "uid-q", request(mem=4), "never", ["n"]).fits_nowhere()
-    assert not cache.filter("default/q", "uid-q", request(mem=4), None, ["n"]).fits_nowhere()
+    assert cache.filter(asking("q", 4, "never"), ["n"]).fits_nowhere()
+    assert not cache.filter(asking("q", 4), ["n"]).fits_nowhere()
 
 
 def test_counts_say_what_the_cache_holds():
@@ -648,9 +653,9 @@ def test_the_policies_learn_again_of_a_pod_only_after_100000_newer_ones():
     cache.replace_nodes([])
     cache.replace_pods([])
     for i in range(100_001):
-        cache.filter(f"default/p{i}", f"u{i}", request(mem=4), None, [])
+        cache.filter(asking(f"p{i}", 4, uid=f"u{i}"), [])
     for uid, mem in (("u1", 5), ("u100000", 6), ("u0", 7)):  # only the oldest was forgotten
-        cache.filter("default/again", uid, request(mem=mem), None, [])
+        cache.filter(asking("again", mem, uid=uid), [])
     assert [r.total_mem for r in counting.observed[100_001:]] == [7]
 
 
@@ -704,7 +709,7 @@ def test_a_node_relabelled_away_from_a_policy_no_longer_teaches_it():
     cache.apply_node(
         EventType.MODIFIED, node("n", "1x16GiB", **{"ack.node.gpu.placement": "spread"})
     )
-    cache.filter("default/p", "uid-p", request(mem=4), None, ["n"])
+    cache.filter(asking("p", 4), ["n"])
     assert counting.observed == []
 
 
@@ -715,8 +720,8 @@ def test_a_policy_learns_while_any_node_still_names_it():
     cache.replace_nodes([node("a", "1x16GiB", **label), node("b", "1x16GiB", **label)])
     cache.replace_pods([])
     cache.apply_node(EventType.MODIFIED, node("a", "1x16GiB"))
-    cache.filter("default/p", "uid-p", request(mem=4), None, ["a", "b"])
+    cache.filter(asking("p", 4), ["a", "b"])
     assert len(counting.observed) == 1
     cache.apply_node(EventType.MODIFIED, node("b", "1x16GiB"))
-    cache.filter("default/q", "uid-q", request(mem=4), None, ["a", "b"])
+    cache.filter(asking("q", 4), ["a", "b"])
     assert len(counting.observed) == 1

@@ -30,10 +30,8 @@ from gpushare.cluster import (
 from gpushare.errors import PodRefused, Refusal
 from gpushare.extender.cache import SchedulerCache
 from gpushare.extender.metrics import ExtenderMetrics
-from gpushare.extender.policychoice import pod_policy
 from gpushare.extender.wire import BindingArgs, for_scheduler
 from gpushare.objects import Pod
-from gpushare.request import parse_pod_request
 
 log = logging.getLogger(__name__)
 
@@ -92,34 +90,30 @@ class Binder:
             self._already_bound(pod, pod.spec.node_name, args.node)
             return
         try:
-            request = parse_pod_request(pod)
+            pending = self._cache.pending(pod)
         except PodRefused as refused:
             raise BindRefused(f"pod {pod.key}: {refused}") from None
-        if request is None:  # not ours to allocate: bind it as the default binder would
+        if pending is None:  # not ours to allocate: bind it as the default binder would
             self._create_binding(pod, args.node, None)
             return
-        uid = pod.metadata.uid
-        policy = pod_policy(pod.metadata.annotations, self._cache.policy_names)
         with self._node_lock(args.node):
-            reserved = self._cache.reserve(pod.key, uid, args.node, request, policy, self._now())
+            reserved = self._cache.reserve(pending, args.node, self._now())
             if isinstance(reserved, Refusal):
                 raise BindRefused(f"pod {pod.key} does not fit any more: {reserved}")
             allocation = reserved
             try:
                 created = self._create_binding(pod, args.node, annotation.encode(allocation))
-            except BindRefused as refused:
-                if refused.undo:
-                    self._cache.forget(pod.key, uid)
-                raise
-            except BaseException:
-                self._cache.forget(pod.key, uid)
+            except BaseException as failed:
+                # A refusal may come after the Binding was made: then the watch decides.
+                if not isinstance(failed, BindRefused) or failed.undo:
+                    self._cache.forget(pod.key, pod.metadata.uid)
                 raise
         if created:
             self._cluster.record_event(
                 ObjectRef.of_pod(pod),
                 EventSeverity.NORMAL,
                 "GpuAllocated",
-                f"node {args.node}: {_gpus(allocation)} ({request.describe()})",
+                f"node {args.node}: {_gpus(allocation)} ({pending.request.describe()})",
             )
 
     def _create_binding(self, pod: Pod, node: str, annotations: dict[str, str] | None) -> bool:

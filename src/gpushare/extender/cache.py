@@ -12,13 +12,15 @@ so concurrent binds cannot both take the last slice of a GPU.
 
 Its placement policies are its own objects, made from a registry of factories
 (gpushare.placement.policies), so what a policy learns from the pods filter sees belongs
-to this extender alone.
+to this extender alone. The verbs hand it the pod being placed as one value
+(`pending` builds it: extender.pendingpod), read from the pod once per call.
 
-It also remembers the pods filter refused on every candidate node and calls
-`on_capacity_freed` when a change it applies adds room, for the requeue nudge
-(extender.requeue), which makes kube-scheduler retry them; and it remembers the
-pods that ask for our resources under a schedulerName nobody serves and calls
-`on_unserved`, for the worker that posts an event on each (extender.unserved).
+It also keeps two books of waiting pods (extender.waiting), under the same lock:
+the pods filter refused on every candidate node, with `on_capacity_freed` called
+when a change it applies adds room, for the requeue nudge (extender.requeue), which
+makes kube-scheduler retry them; and the pods that ask for our resources under a
+schedulerName nobody serves, with `on_unserved` called when one joins, for the
+worker that posts an event on each (extender.unserved).
 """
 
 import logging
@@ -36,8 +38,9 @@ from gpushare.cluster import EventType
 from gpushare.errors import AnnotationError, Refusal, Rule
 from gpushare.extender.fittable import Answers, AnswerTable, NodeFit
 from gpushare.extender.nodedetails import ClusterDetails, NodeDetails, node_details
+from gpushare.extender.pendingpod import PendingPod, pending_pod
 from gpushare.extender.policychoice import node_policy
-from gpushare.extender.schedulernames import unserved_scheduler
+from gpushare.extender.waiting import RefusedPods, UnservedPods
 from gpushare.fitcache import FitCache
 from gpushare.inventory import adds_room, node_gpus
 from gpushare.objects import Node, Pod
@@ -58,10 +61,6 @@ _FIT_TABLES = 64
 """Request shapes whose per-node results are kept (most recently used first)."""
 _OBSERVED_LIMIT = 100_000
 _EXPIRY_EVERY_S = 5.0
-_REFUSED_LIMIT = 10_000
-"""Pods refused everywhere kept for the requeue nudge; the least recently refused go first."""
-_NOTICED_LIMIT = 10_000
-"""UIDs of pods with an unserved schedulerName told about already; the oldest go first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,25 +118,15 @@ class SchedulerCache:
         self._fits: FitCache[AnswerTable] = FitCache(AnswerTable, _FIT_TABLES)
         self._observed: OrderedDict[str, None] = OrderedDict()
         self._next_expiry = 0.0
-        self._refused: OrderedDict[str, str] = OrderedDict()
-        """Pods whose last filter answer refused every candidate node, key → UID, least
-        recently refused first: those the requeue nudge asks kube-scheduler to retry."""
-        self._freed: set[str] = set()
-        self._listed_waiting = False
-        """Set when a listing added waiting pods to `refused` (see _note_waiting)."""
+        # served_schedulers None: neither book looks at a pod's schedulerName.
+        self._refused = RefusedPods(served_schedulers)
+        self._unserved = UnservedPods(served_schedulers)
         self.on_capacity_freed: Callable[[], None] = lambda: None  # pragma: no mutate: no-op
-        """Called (with the lock held) when room appeared on a node while pods wait in
-        `refused`: the requeue worker's wake-up (extender.requeue)."""
-        self.served_schedulers = served_schedulers
-        """Every schedulerName our scheduler serves; None: pods naming another are not
-        looked for."""
-        self._unserved: OrderedDict[str, tuple[str, str]] = OrderedDict()
-        """Unbound pods asking for our resources under a schedulerName neither ours nor
-        the default scheduler's, not told about yet: key → (UID, schedulerName)."""
-        self._noticed: OrderedDict[str, None] = OrderedDict()
+        """Called (with the lock held) when room appeared on a node while refused pods
+        wait: the requeue worker's wake-up (extender.requeue)."""
         self.on_unserved: Callable[[], None] = lambda: None  # pragma: no mutate: no-op
-        """Called (with the lock held) when a pod joins `unserved`: the wake-up of the
-        worker that posts their events (extender.unserved)."""
+        """Called (with the lock held) when a pod naming a scheduler nobody serves is
+        noted: the wake-up of the worker that posts their events (extender.unserved)."""
         self._nodes_synced = False
         self._pods_synced = False
 
@@ -168,14 +157,12 @@ class SchedulerCache:
             self._fits.clear()
             self._pods = {}
             self._pod_problems = {}
-            self._unserved = OrderedDict()
-            listed = {pod.metadata.uid for pod in pods}
-            self._noticed = OrderedDict.fromkeys(uid for uid in self._noticed if uid in listed)
+            self._unserved.relisted(pods)
             for pod in pods:
                 if not pod.is_finished:
                     self._pods[pod.key] = self._record(pod)
-                    self._note_unserved(pod)
-                    self._note_waiting(pod)
+                    self._unserved.note(pod)
+                    self._refused.note_waiting(pod)
             self._pods_synced = True
             self._rebuild()
             self._capacity_freed(self._nodes)
@@ -206,16 +193,15 @@ class SchedulerCache:
                 self._pods.pop(key, None)
                 self._pod_problems.pop(key, None)
                 self._assumed.pop(key, None)
-                self._refused.pop(key, None)
-                self._unserved.pop(key, None)
-                self._noticed.pop(pod.metadata.uid, None)
+                self._refused.drop(key)
+                self._unserved.gone(pod)
                 self._set_allocation(key, None)
                 return
             record = self._pods[key] = self._record(pod)
-            if self._note_unserved(pod):
+            if self._unserved.note(pod):
                 self.on_unserved()
             if record.node:
-                self._refused.pop(key, None)
+                self._refused.drop(key)
             assumed = self._assumed.get(key)
             if assumed is not None:
                 if assumed.uid == record.uid and record.allocation is None and not record.node:
@@ -261,18 +247,7 @@ class SchedulerCache:
                 log.warning("dropped the assumed bind of %s: the watch never showed it", key)
             return dropped
 
-    # ----- pods refused everywhere, for the requeue nudge
-
-    def _filtered(self, pod_key: str, uid: str, refused_everywhere: bool) -> None:
-        """Filter's verdict on a pod: remembered while every candidate node refuses it.
-        One dict operation, as filter is the hot path."""
-        if refused_everywhere:
-            self._refused[pod_key] = uid
-            self._refused.move_to_end(pod_key)
-            if len(self._refused) > _REFUSED_LIMIT:
-                self._refused.popitem(last=False)
-        elif self._refused:
-            self._refused.pop(pod_key, None)
+    # ----- the books of waiting pods (extender.waiting), for the workers
 
     def take_requeue(self, limit: int) -> tuple[set[str], list[tuple[str, str]]]:
         """The nodes where room appeared since the last call, and up to `limit` refused
@@ -280,117 +255,67 @@ class SchedulerCache:
         shows bound, being deleted or created again are forgotten here; pods it has
         not shown yet are kept (patching one that is gone answers 404)."""
         with self._lock:
-            nodes, self._freed = self._freed, set()
-            waiting: list[tuple[str, str]] = []
-            gone = []
-            for key, uid in self._refused.items():
-                record = self._pods.get(key)
-                if record is not None and (record.node or record.deleting or record.uid != uid):
-                    gone.append(key)
-                    continue
-                waiting.append((key, uid))
-                if len(waiting) == limit:
-                    break
-            for key in gone:
-                del self._refused[key]
-            return nodes, waiting
-
-    def _note_waiting(self, pod: Pod) -> None:
-        """A listed pod waiting for our scheduler joins the pods to nudge: while the
-        extender was not there to answer (starting beside a kube-scheduler that already
-        leads, restarted after a crash, or its watch away), kube-scheduler may have
-        tried the pod, had its filter call fail, and parked it; 1.28 then retries it
-        only on some later event or the five-minute flush."""
-        if (
-            self.served_schedulers is not None
-            and pod.spec.scheduler_name in self.served_schedulers
-            and not pod.spec.node_name
-            and not pod.is_deleting
-            and requests_gpu(pod)
-        ):
-            self._refused[pod.key] = pod.metadata.uid
-            self._listed_waiting = True
+            return self._refused.take(limit, self._moved_on)
 
     def take_listed_waiting(self) -> bool:
         """Whether pods joined the nudge because a listing showed them waiting (once)."""
         with self._lock:
-            listed, self._listed_waiting = self._listed_waiting, False
-            return listed
+            return self._refused.take_listed_waiting()
 
     def forget_refused(self, pod_key: str, uid: str) -> None:
         """The API says the pod is gone."""
         with self._lock:
-            if self._refused.get(pod_key) == uid:
-                del self._refused[pod_key]
-
-    # ----- pods naming a scheduler nobody serves, for their event
+            self._refused.forget(pod_key, uid)
 
     def take_unserved(self) -> list[tuple[str, str, str]]:
-        """The pods in `unserved` (key, UID, schedulerName), each counted as told about
-        from now on, so that it gets one event: a pod updated again, or listed again
-        after a re-list, is not taken again while the UID is among the last 10,000
-        told about (a deleted pod's is forgotten)."""
+        """The pods naming a scheduler nobody serves (key, UID, schedulerName) noted
+        since the last call, each taken once (UnservedPods.take)."""
         with self._lock:
-            taken = [(key, uid, name) for key, (uid, name) in self._unserved.items()]
-            self._unserved.clear()
-            for _, uid, _ in taken:
-                self._noticed[uid] = None  # pragma: no mutate: an ordered set, values unread
-                if len(self._noticed) > _NOTICED_LIMIT:
-                    self._noticed.popitem(last=False)
-            return taken
+            return self._unserved.take()
 
     # ----- what filter, prioritize, bind and preempt ask
 
-    def filter(
-        self, pod_key: str, uid: str, request: PodRequest, pod_policy: str | None, names: list[str]
-    ) -> Answers:
+    def pending(self, pod: Pod) -> PendingPod | None:
+        """The pod as filter, prioritize, preempt and bind hand it to the methods below:
+        its request, the policy it names among this cache's, its priority; None when it
+        asks for none of our resources. Raises PodRefused when it breaks a rule. Reads
+        no state, so it takes no lock."""
+        return pending_pod(pod, self.policy_names)
+
+    def filter(self, pod: PendingPod, names: list[str]) -> Answers:
         """Filter's answers for the pod, its policies taught about it first; while it
         fits nowhere it is remembered for the requeue nudge (extender.requeue)."""
         with self._lock:
-            self._observe(uid or pod_key, request, pod_policy)
-            answers = self._answers(request, pod_policy, names)
-            self._filtered(pod_key, uid, answers.fits_nowhere())
+            self._observe(pod.uid or pod.key, pod.request, pod.policy)
+            answers = self._answers(pod, names)
+            self._refused.filtered(pod.key, pod.uid, answers.fits_nowhere())
             return answers
 
-    def answers(self, request: PodRequest, pod_policy: str | None, names: list[str]) -> Answers:
-        """The request's answer on each node, against the current state (what
-        prioritize sends)."""
+    def answers(self, pod: PendingPod, names: list[str]) -> Answers:
+        """The pod's answer on each node, against the current state (what prioritize
+        sends)."""
         with self._lock:
-            return self._answers(request, pod_policy, names)
+            return self._answers(pod, names)
 
-    def reserve(
-        self,
-        pod_key: str,
-        uid: str,
-        node: str,
-        request: PodRequest,
-        pod_policy: str | None,
-        bound_at: datetime,
-    ) -> PodAllocation | Refusal:
+    def reserve(self, pod: PendingPod, node: str, bound_at: datetime) -> PodAllocation | Refusal:
         """Places the pod on the node against the latest state and reserves the
         allocation (as assume()), in one critical section: a filter or a bind running
         beside it already counts it. Why it does not fit, when it does not."""
         with self._lock:
             # A reservation of ours for this very pod is stale: the pod is not bound.
-            self.forget(pod_key, uid)
-            fit = self._evaluate(node, request, pod_policy)
+            self.forget(pod.key, pod.uid)
+            fit = self._evaluate(node, pod.request, pod.policy)
             state = self._state.nodes.get(node)
             if fit.placement is None or state is None:
                 assert fit.refusal is not None
                 return fit.refusal
-            allocation = to_allocation(request, fit.placement.assignment, state.inventory, bound_at)
-            self.assume(pod_key, uid, allocation)
+            assignment = fit.placement.assignment
+            allocation = to_allocation(pod.request, assignment, state.inventory, bound_at)
+            self.assume(pod.key, pod.uid, allocation)
             return allocation
 
-    def victims(
-        self,
-        node: str,
-        request: PodRequest,
-        pod_policy: str | None,
-        priority: int,
-        offered: list[str],
-    ) -> list[str]:
-        """The UIDs to evict from the node for a pod of that priority, by our rules
+    def victims(self, node: str, pod: PendingPod, offered: list[str]) -> list[str]:
+        """The UIDs to evict from the node for the pod, by its priority and our rules
         (gpushare.placement.preemption); `offered` when the scheduler's own UIDs make room and
         cost no more; empty when nothing helps. Pods being deleted count as gone."""
         with self._lock:
@@ -407,12 +332,12 @@ class SchedulerCache:
                     continue  # assumed and not seen yet: its priority is unknown, it stays
                 if record.deleting:
                     leaving.add(key)
-                elif record.priority < priority:
+                elif record.priority < pod.priority:
                     eligible[key] = record.priority
             eviction = choose_victims(
                 state,
-                request,
-                self._policy_for(node, pod_policy),
+                pod.request,
+                self._policy_for(node, pod.policy),
                 eligible,
                 offered=[keys[uid] for uid in offered if uid in keys],
                 leaving=leaving,
@@ -449,7 +374,7 @@ class SchedulerCache:
     def refused_keys(self) -> list[str]:
         """The pods waiting for the requeue nudge, least recently refused first."""
         with self._lock:
-            return list(self._refused)
+            return self._refused.keys()
 
     def pod_problem(self, pod_key: str) -> str | None:
         with self._lock:
@@ -487,11 +412,12 @@ class SchedulerCache:
 
     # ----- internals
 
-    def _answers(self, request: PodRequest, pod_policy: str | None, names: list[str]) -> Answers:
+    def _answers(self, pod: PendingPod, names: list[str]) -> Answers:
         """Nodes that did not change since an earlier request of the same shape are
         not evaluated again."""
-        table = self._table(request, pod_policy)
-        return table.answers(names, lambda name: self._evaluate(name, request, pod_policy))
+        request, policy = pod.request, pod.policy
+        table = self._table(request, policy)
+        return table.answers(names, lambda name: self._evaluate(name, request, policy))
 
     def _policy_for(self, node: str, pod_policy: str | None) -> PlacementPolicy:
         name = pod_policy or self._node_policies[node]  # called for nodes with GPUs only
@@ -543,24 +469,6 @@ class SchedulerCache:
             pod.spec.priority or 0,
             pod.is_deleting,
         )
-
-    def _note_unserved(self, pod: Pod) -> bool:
-        """Keeps `unserved` current for one pod; True when the pod joined it."""
-        if self.served_schedulers is None:
-            return False
-        uid = pod.metadata.uid
-        name = (
-            None
-            if pod.spec.node_name or pod.is_deleting or uid in self._noticed
-            else unserved_scheduler(pod, self.served_schedulers)
-        )
-        if name is None:
-            if self._unserved:
-                self._unserved.pop(pod.key, None)
-            return False
-        joined = pod.key not in self._unserved
-        self._unserved[pod.key] = (uid, name)
-        return joined
 
     def _rebuild(self) -> None:
         self._state = ClusterState()
@@ -631,9 +539,14 @@ class SchedulerCache:
             self._changed(node)
 
     def _capacity_freed(self, nodes: Iterable[str]) -> None:
-        if self._refused:  # nobody waits otherwise: leave the worker asleep
-            self._freed.update(nodes)
+        if self._refused.room_appeared(nodes):
             self.on_capacity_freed()
+
+    def _moved_on(self, pod_key: str, uid: str) -> bool:
+        """Whether the watch shows the pod bound, being deleted or created again: it
+        waits for no nudge any more."""
+        record = self._pods.get(pod_key)
+        return record is not None and bool(record.node or record.deleting or record.uid != uid)
 
     def _changed(self, node: str) -> None:
         self._fits.changed(node)

@@ -8,10 +8,10 @@ filter then refuses again on stale state, and since no plugin of the scheduler
 refused the pod, it waits for some later event or the periodic flush of
 unschedulable pods (up to five minutes). So once the extender's cache has applied
 a change that adds room, this worker patches the annotation `gpushare.io/requeued-at`
-onto the pods still waiting: an update of the pod itself, which moves it back to
-the scheduler's active queue (kube-scheduler 1.28 requeues on any change outside
-status and the resourceVersion; 1.29+ with queueing hints on any event for a pod
-only an extender refused).
+onto the pods still waiting (the cache's book of them, extender.waiting.RefusedPods):
+an update of the pod itself, which moves it back to the scheduler's active queue
+(kube-scheduler 1.28 requeues on any change outside status and the resourceVersion;
+1.29+ with queueing hints on any event for a pod only an extender refused).
 
 The same nudge goes to every pod a listing of pods shows waiting for our scheduler
 (at start, or when the watch lists again): kube-scheduler may have tried them while

@@ -4,8 +4,9 @@ schedulerName that neither gpushare's scheduler nor the default scheduler serves
 The webhook's admission warning reaches only whoever created such a pod; for a
 Job's or a Deployment's pods that is the controller, and the user is left with a
 Pending pod and no event at all. So the extender's cache notes each such pod it
-sees (at the first listing too), and this worker posts one Warning event
-`SchedulerNotServed` on it, naming the scheduler and the fix.
+sees (at the first listing too) in its book of them (extender.waiting.UnservedPods),
+and this worker posts one Warning event `SchedulerNotServed` on it, naming the
+scheduler and the fix.
 """
 
 import logging

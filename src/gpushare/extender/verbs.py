@@ -1,10 +1,11 @@
 """Filter, prioritize and preempt: kube-scheduler's questions, answered from the cache.
 
 Each function takes the parsed request and returns the encoded answer in the
-exact shape of the extender API (docs/contracts.md#extender-json). Pods that ask
-for none of our resources pass straight through; pods that break a rule are
-refused on every node with the rule, as unresolvable, since no node and no amount
-of waiting can help.
+exact shape of the extender API (docs/contracts.md#extender-json). The pod is read
+once per call (`cache.pending`: its request, policy and priority) and handed to
+the cache as that one value. Pods that ask for none of our resources pass
+straight through; pods that break a rule are refused on every node with the rule,
+as unresolvable, since no node and no amount of waiting can help.
 """
 
 from typing import Any
@@ -12,25 +13,23 @@ from typing import Any
 from gpushare.errors import PodRefused
 from gpushare.extender.cache import SchedulerCache
 from gpushare.extender.metrics import ExtenderMetrics
-from gpushare.extender.policychoice import pod_policy
+from gpushare.extender.pendingpod import PendingPod
 from gpushare.extender.wire import ExtenderArgs, PreemptionArgs, dumps, for_scheduler
-from gpushare.request import PodRequest, parse_pod_request
 
 
 def filter_nodes(cache: SchedulerCache, metrics: ExtenderMetrics, args: ExtenderArgs) -> bytes:
     names = args.candidates()
     try:
-        request = parse_pod_request(args.pod)
+        pending = cache.pending(args.pod)
     except PodRefused as refused:
         for refusal in refused.refusals:
             metrics.filter_rejections.labels(refusal.rule.value).inc(len(names))
         reason = for_scheduler(str(refused))
         reasons = dumps(dict.fromkeys(names, reason)).decode()
         return _answer_without_table(args, [], reasons)
-    if request is None:
+    if pending is None:
         return _answer_without_table(args, names, "{}")
-    policy = pod_policy(args.pod.metadata.annotations, cache.policy_names)
-    answers = cache.filter(args.pod.key, args.pod.metadata.uid, request, policy, names)
+    answers = cache.filter(pending, names)
     for rule, count in answers.rules().items():
         metrics.filter_rejections.labels(rule).inc(count)
     failed, unresolvable = answers.failed_json(), answers.unresolvable_json()
@@ -62,11 +61,10 @@ def _filter_answer(nodes: str, node_names: str, failed: str, unresolvable: str) 
 
 def prioritize_nodes(cache: SchedulerCache, args: ExtenderArgs) -> bytes:
     names = args.candidates()
-    request = _request_or_none(args)
-    if request is None:
+    pending = _pending_or_none(cache, args)
+    if pending is None:
         return dumps([{"Host": name, "Score": 0} for name in names])
-    policy = pod_policy(args.pod.metadata.annotations, cache.policy_names)
-    return cache.answers(request, policy, names).priorities_json().encode()
+    return cache.answers(pending, names).priorities_json().encode()
 
 
 def preempt_nodes(cache: SchedulerCache, args: PreemptionArgs) -> bytes:
@@ -87,22 +85,20 @@ def preempt_nodes(cache: SchedulerCache, args: PreemptionArgs) -> bytes:
     candidates = args.victims()
     kept: dict[str, Any] = {}
     try:
-        request = parse_pod_request(args.pod)
+        pending = cache.pending(args.pod)
     except PodRefused:
         return dumps({"NodeNameToMetaVictims": kept})  # fits nowhere, whoever is evicted
-    policy = pod_policy(args.pod.metadata.annotations, cache.policy_names)
-    priority = args.pod.spec.priority or 0
     for node, (uids, violations) in candidates.items():
-        if request is not None:
-            uids = cache.victims(node, request, policy, priority, uids)
+        if pending is not None:
+            uids = cache.victims(node, pending, uids)
         if uids:
             victims = [{"UID": uid} for uid in uids]
             kept[node] = {"Pods": victims, "NumPDBViolations": violations}
     return dumps({"NodeNameToMetaVictims": kept})
 
 
-def _request_or_none(args: ExtenderArgs) -> PodRequest | None:
+def _pending_or_none(cache: SchedulerCache, args: ExtenderArgs) -> PendingPod | None:
     try:
-        return parse_pod_request(args.pod)
+        return cache.pending(args.pod)
     except PodRefused:
         return None

@@ -3,9 +3,9 @@ backend's choice of files, on a fake /dev, behind mock GPUs."""
 
 from pathlib import Path
 
-from gpushare.deviceplugin.gpus import DeviceNode, PhysicalGpu
-from gpushare.deviceplugin.mock import MockBackend
-from gpushare.deviceplugin.nvml import NvmlBackend
+from gpushare.deviceplugin.backends.mock import MockBackend
+from gpushare.deviceplugin.backends.nvml import NvmlBackend
+from gpushare.deviceplugin.backends.port import DeviceNode, PhysicalGpu
 from gpushare.inventory import Gpu
 from gpushare.resources import GPU_CORE
 

@@ -8,7 +8,7 @@ import pytest
 
 from gpushare import annotation
 from gpushare.cluster.memory import MemoryCluster, gpu_node
-from gpushare.deviceplugin.nvml import NvmlBackend
+from gpushare.deviceplugin.backends.nvml import NvmlBackend
 from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpushare.environment import NVIDIA_VISIBLE_DEVICES
 from gpushare.inventory import node_gpus

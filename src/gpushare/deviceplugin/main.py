@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Final
 
 from gpushare.cluster import Cluster
+from gpushare.deviceplugin.backends.mock import MockBackend
+from gpushare.deviceplugin.backends.port import GpuBackend
 from gpushare.deviceplugin.deadline import ANSWER_WITHIN_S
-from gpushare.deviceplugin.gpus import GpuBackend
 from gpushare.deviceplugin.metrics import PluginMetrics
-from gpushare.deviceplugin.mock import MockBackend
 from gpushare.deviceplugin.plugin import (
     DEVICE_PLUGIN_DIR,
     POD_RESOURCES_SOCKET,
@@ -138,7 +138,7 @@ def build_backend(args: argparse.Namespace) -> GpuBackend:
                 "--backend mock needs --mock-gpus (or GPUSHARE_MOCK_GPUS), e.g. 2x16GiB"
             )
         return MockBackend.from_layout(args.mock_gpus, args.node_name, args.mock_health_file)
-    from gpushare.deviceplugin.nvml import NvmlBackend
+    from gpushare.deviceplugin.backends.nvml import NvmlBackend
     from gpushare.nvmllib import load_from_driver_root
 
     load_from_driver_root()
@@ -191,7 +191,7 @@ def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> in
 def _device_files(backend: GpuBackend) -> str:
     """The dev root and the control device files seen there, for the start line; a
     warning when nvidiactl is not among them (every CUDA container needs it)."""
-    from gpushare.deviceplugin.nvml import NvmlBackend
+    from gpushare.deviceplugin.backends.nvml import NvmlBackend
 
     if not isinstance(backend, NvmlBackend):
         return ""

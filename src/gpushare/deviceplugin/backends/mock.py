@@ -13,7 +13,12 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpushare.deviceplugin.gpus import DeviceNode, HealthChange, HealthListener, PhysicalGpu
+from gpushare.deviceplugin.backends.port import (
+    DeviceNode,
+    HealthChange,
+    HealthListener,
+    PhysicalGpu,
+)
 from gpushare.inventory import Gpu, parse_layout
 
 log = logging.getLogger(__name__)

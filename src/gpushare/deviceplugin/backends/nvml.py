@@ -17,8 +17,8 @@ from typing import Any, Final
 
 import pynvml
 
-from gpushare.deviceplugin.gpus import DeviceNode, HealthListener, PhysicalGpu
-from gpushare.deviceplugin.health import DEFAULT_QUIET_PERIOD, XidHealth, is_critical_xid
+from gpushare.deviceplugin.backends.health import DEFAULT_QUIET_PERIOD, XidHealth, is_critical_xid
+from gpushare.deviceplugin.backends.port import DeviceNode, HealthListener, PhysicalGpu
 from gpushare.inventory import Gpu, MemoryRounding, gpu_mem_gib
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ def backend() -> NvmlBackend:
         pytest.skip(f"NVML unavailable ({err}): needs an NVIDIA GPU and its driver")
     if count == 0:
         pytest.skip("NVML found no GPU on this machine")
-    return NvmlBackend()
+    return NvmlBackend(pynvml)
 
 
 def test_discovers_index_uuid_memory_model_and_minor_number(backend):

@@ -42,7 +42,7 @@ from gpushare import annotation
 from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from gpushare.deviceplugin.mock import MockBackend
+from gpushare.deviceplugin.backends.mock import MockBackend
 from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpushare.deviceplugin.registration import SOCKET_NAMES
 from gpushare.inventory import node_gpus, parse_layout

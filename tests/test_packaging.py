@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 COMPONENTS = (
     "cli", "deviceplugin", "extender", "isolation",
-    "kubecluster", "nvmllib", "simulator", "testing",
+    "kubecluster", "nodeflags", "nvmllib", "simulator", "testing",
 )  # fmt: skip
 
 

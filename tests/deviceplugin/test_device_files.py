@@ -1,11 +1,14 @@
 """Device files in the Allocate answer (/dev/nvidia*), without a GPU: the nvml
-backend's choice of files, on a fake /dev, behind mock GPUs."""
+backend's choice of files, on a fake /dev, behind mock GPUs. The backend gets pynvml
+but makes no NVML call to choose them."""
 
 from pathlib import Path
 
-from gpushare.deviceplugin.gpus import DeviceNode, PhysicalGpu
-from gpushare.deviceplugin.mock import MockBackend
-from gpushare.deviceplugin.nvml import NvmlBackend
+import pynvml
+
+from gpushare.deviceplugin.backends.mock import MockBackend
+from gpushare.deviceplugin.backends.nvml import NvmlBackend
+from gpushare.deviceplugin.backends.port import DeviceNode, PhysicalGpu
 from gpushare.inventory import Gpu
 from gpushare.resources import GPU_CORE
 
@@ -22,7 +25,7 @@ def _mock_gpus_with_files_in(dev: Path) -> type[MockBackend]:
         """Mock GPUs whose device files are those the nvml backend lists under `dev`."""
 
         def device_nodes(self, gpus: list[PhysicalGpu]) -> list[DeviceNode]:
-            return NvmlBackend(dev_root=dev).device_nodes(gpus)
+            return NvmlBackend(pynvml, dev_root=dev).device_nodes(gpus)
 
     return FakeDevGpus
 
@@ -31,7 +34,7 @@ def test_the_files_are_the_control_devices_present_and_each_gpus_minor(tmp_path)
     dev = _fake_dev(tmp_path / "dev")
     gpu = PhysicalGpu(Gpu(0, "GPU-a", 16), minor=3)
 
-    nodes = NvmlBackend(dev_root=dev).device_nodes([gpu])
+    nodes = NvmlBackend(pynvml, dev_root=dev).device_nodes([gpu])
 
     # Looked for under the dev root (the node's /dev as the plugin sees it), named by
     # their path on the node, where the kubelet resolves them.
@@ -48,7 +51,7 @@ def test_control_files_are_looked_for_again_at_each_answer(tmp_path):
     dev = tmp_path / "dev"
     dev.mkdir()
     (dev / "nvidiactl").touch()
-    backend = NvmlBackend(dev_root=dev)
+    backend = NvmlBackend(pynvml, dev_root=dev)
     gpu = PhysicalGpu(Gpu(0, "GPU-a", 16), minor=0)
     assert [n.container_path for n in backend.device_nodes([gpu])] == [
         "/dev/nvidiactl",
@@ -111,13 +114,13 @@ def test_the_start_line_names_the_dev_root_and_what_it_holds(tmp_path, caplog):
     from gpushare.deviceplugin.main import _device_files
 
     dev = _fake_dev(tmp_path / "dev")
-    assert _device_files(NvmlBackend(dev_root=dev)) == (
+    assert _device_files(NvmlBackend(pynvml, dev_root=dev)) == (
         f" dev-root={dev} control-devices=nvidiactl,nvidia-uvm"
     )
     assert "no nvidiactl" not in caplog.text
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert _device_files(NvmlBackend(dev_root=empty)).endswith("control-devices=none")
+    assert _device_files(NvmlBackend(pynvml, dev_root=empty)).endswith("control-devices=none")
     assert f"no nvidiactl under --dev-root {empty}" in caplog.text
     assert _device_files(MockBackend.from_layout("1x16GiB", "n1", tmp_path / "health")) == ""

@@ -1,4 +1,5 @@
-"""The mock backend: GPUs from a layout, a file or the demo's nodes."""
+"""The mock backend: GPUs from a layout (--mock-gpus; a file it names is read by
+gpushare.nodeflags) or the demo's nodes."""
 
 import hashlib
 import re
@@ -6,16 +7,13 @@ import threading
 
 import pytest
 
-from gpushare.deviceplugin.mock import MockBackend
+from gpushare.deviceplugin.backends.mock import MockBackend
 from gpushare.inventory import parse_layout
 from tests.deviceplugin.rig import eventually
 
 
-def test_a_layout_file_describes_the_gpus_with_the_uuids_the_cluster_side_uses(tmp_path):
-    layout = tmp_path / "gpus"
-    layout.write_text("2x16GiB:T4,1x80GiB:A100\n")
-
-    found = MockBackend.from_layout(str(layout), "kind-worker").discover()
+def test_a_layout_describes_the_gpus_with_the_uuids_the_cluster_side_uses():
+    found = MockBackend.from_layout("2x16GiB:T4,1x80GiB:A100", "kind-worker").discover()
 
     assert [p.gpu for p in found] == list(parse_layout("2x16GiB:T4,1x80GiB:A100", "kind-worker"))
     assert [p.minor for p in found] == [0, 1, 2]

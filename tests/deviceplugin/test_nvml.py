@@ -8,7 +8,7 @@ import pytest
 
 from gpushare import annotation
 from gpushare.cluster.memory import MemoryCluster, gpu_node
-from gpushare.deviceplugin.nvml import NvmlBackend
+from gpushare.deviceplugin.backends.nvml import NvmlBackend
 from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpushare.environment import NVIDIA_VISIBLE_DEVICES
 from gpushare.inventory import node_gpus
@@ -32,7 +32,7 @@ def backend() -> NvmlBackend:
         pytest.skip(f"NVML unavailable ({err}): needs an NVIDIA GPU and its driver")
     if count == 0:
         pytest.skip("NVML found no GPU on this machine")
-    return NvmlBackend()
+    return NvmlBackend(pynvml)
 
 
 def test_discovers_index_uuid_memory_model_and_minor_number(backend):

@@ -82,6 +82,9 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
         return SimpleNamespace(total=self.gpus[handle]["mem"], used=0, free=0)
 
+    def nvmlDeviceGetMinorNumber(self, handle: int) -> int:
+        return handle
+
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
         return [
             SimpleNamespace(pid=pid, usedGpuMemory=mem)

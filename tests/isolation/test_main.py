@@ -42,12 +42,13 @@ def test_help_explains_every_flag_of_the_contract(capsys):
 
 
 def test_mock_without_a_layout_says_so(tmp_path, caplog):
-    assert main(["--backend", "mock", "--control-dir", str(tmp_path), "--metrics-port", "0"]) == 2
+    args = ["--node-name", "n", "--backend", "mock", "--metrics-port", "0"]
+    assert main([*args, "--control-dir", str(tmp_path)]) == 2
     assert "--mock-gpus" in caplog.text
 
 
 def test_a_bad_layout_is_named(tmp_path, caplog):
-    args = ["--backend", "mock", "--mock-gpus", "2xbig", "--metrics-port", "0"]
+    args = ["--node-name", "n", "--backend", "mock", "--mock-gpus", "2xbig", "--metrics-port", "0"]
     assert main([*args, "--control-dir", str(tmp_path)]) == 2
     assert "--mock-gpus" in caplog.text and "2xbig" in caplog.text
 
@@ -61,7 +62,8 @@ def test_without_nvml_the_agent_says_how_to_run(tmp_path, caplog):
         pytest.skip("NVML works on this machine")
     except pynvml.NVMLError:
         pass
-    args = ["--backend", "nvml", "--control-dir", str(tmp_path), "--metrics-port", "0"]
+    args = ["--node-name", "n", "--backend", "nvml", "--control-dir", str(tmp_path)]
+    args += ["--metrics-port", "0"]
     assert main(args) == 2
     assert "NVML is not available" in caplog.text and "--backend mock" in caplog.text
 
@@ -78,7 +80,7 @@ def test_without_nvml_the_agent_says_how_to_run(tmp_path, caplog):
 )
 def test_bad_settings_are_refused_at_start(capsys, flag, value, reason):
     with pytest.raises(SystemExit) as exited:
-        main(["--backend", "mock", "--mock-gpus", "1x16GiB", flag, value])
+        main(["--node-name", "n", "--backend", "mock", "--mock-gpus", "1x16GiB", flag, value])
     assert exited.value.code == 2
     assert reason in capsys.readouterr().err
 

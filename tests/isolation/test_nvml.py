@@ -60,7 +60,7 @@ def node(tmp_path):
         utilisation={0: [(100, 10, 30), (100, 20, 50), (200, 20, 10)]},
     )
     signals = Signals()
-    backend = NvmlBackend(proc, cgroups, SimulatedClock(), nvml=nvml, send_signal=signals)
+    backend = NvmlBackend(nvml, proc, cgroups, SimulatedClock(), send_signal=signals)
     return backend, nvml, signals, train
 
 
@@ -154,8 +154,7 @@ def real_nvml():
 
 @pytest.mark.gpu
 def test_real_gpus_are_listed():
-    real_nvml()
-    backend = NvmlBackend(Path("/proc"), Path("/sys/fs/cgroup"), SystemClock())
+    backend = NvmlBackend(real_nvml(), Path("/proc"), Path("/sys/fs/cgroup"), SystemClock())
     try:
         devices = backend.devices()
         assert devices and all(d.mem_bytes > 0 and d.uuid.startswith("GPU-") for d in devices)
@@ -168,7 +167,7 @@ def test_real_gpus_are_listed():
 def test_a_proc_root_without_the_gpu_processes_is_reported(tmp_path, caplog):
     (tmp_path / "proc").mkdir()
     nvml = FakeNvml(gpus=[{"uuid": "GPU-b", "name": "T4", "mem": GIB, "processes": {77: GIB}}])
-    backend = NvmlBackend(tmp_path / "proc", tmp_path / "cg", SimulatedClock(), nvml=nvml)
+    backend = NvmlBackend(nvml, tmp_path / "proc", tmp_path / "cg", SimulatedClock())
     with caplog.at_level(logging.WARNING, logger="gpushare.isolation"):
         backend.observe()
         backend.observe()

@@ -30,9 +30,9 @@ from gpushare.deviceplugin.admission import (
 )
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpushare.deviceplugin.assignment import AssignmentWriter
+from gpushare.deviceplugin.backends.port import GpuBackend
 from gpushare.deviceplugin.deadline import ANSWER_WITHIN_S, Deadline
 from gpushare.deviceplugin.devices import preferred_ids
-from gpushare.deviceplugin.gpus import GpuBackend
 from gpushare.deviceplugin.journal import Grant, GrantJournal
 from gpushare.deviceplugin.metrics import PluginMetrics
 from gpushare.deviceplugin.node import LocalNode, NodeSnapshot

@@ -18,20 +18,24 @@ from pathlib import Path
 from typing import Final
 
 from gpushare.cluster import Cluster
+from gpushare.deviceplugin.backends.mock import MockBackend
+from gpushare.deviceplugin.backends.nvml import NvmlBackend
+from gpushare.deviceplugin.backends.port import GpuBackend
 from gpushare.deviceplugin.deadline import ANSWER_WITHIN_S
-from gpushare.deviceplugin.gpus import GpuBackend
 from gpushare.deviceplugin.metrics import PluginMetrics
-from gpushare.deviceplugin.mock import MockBackend
 from gpushare.deviceplugin.plugin import (
     DEVICE_PLUGIN_DIR,
     POD_RESOURCES_SOCKET,
     DevicePlugin,
     PluginConfig,
 )
-from gpushare.inventory import MemoryRounding
+from gpushare.nodeflags import add_node_flags, check_node_flags
+from gpushare.nvmllib import bindings
 
 log = logging.getLogger("gpushare.deviceplugin")
 
+METRICS_PORT: Final = 9401
+"""The isolation agent's is 9402: both listen in the node pod's one network namespace."""
 MOCK_HEALTH_FILE: Final = Path("/tmp/gpushare-mock-unhealthy-gpus")
 """Under /tmp: writable in the node pod, whose root filesystem is read-only."""
 
@@ -43,41 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument(
-        "--node-name",
-        default=env.get("NODE_NAME", ""),
-        help="this node's name, as the API server knows it (env NODE_NAME; required)",
-    )
-    parser.add_argument(
-        "--backend",
-        choices=("nvml", "mock"),
-        default=env.get("GPUSHARE_BACKEND", "nvml"),
-        help="where GPUs come from: nvml (the NVIDIA driver) or mock (--mock-gpus) "
-        "(env GPUSHARE_BACKEND)",
-    )
-    parser.add_argument(
-        "--mock-gpus",
-        metavar="LAYOUT",
-        default=env.get("GPUSHARE_MOCK_GPUS", ""),
-        help="mock GPUs as COUNTxSIZEGiB[:MODEL],..., e.g. 2x16GiB,1x80GiB:A100, or a file "
-        "holding such a layout (env GPUSHARE_MOCK_GPUS)",
-    )
+    add_node_flags(parser, METRICS_PORT)
     parser.add_argument(
         "--mock-health-file",
         type=Path,
         default=Path(env.get("GPUSHARE_MOCK_HEALTH_FILE", str(MOCK_HEALTH_FILE))),
         help="mock backend: file listing the indices of GPUs to report Unhealthy, polled "
         "every second (env GPUSHARE_MOCK_HEALTH_FILE)",
-    )
-    parser.add_argument(
-        "--gpu-memory-rounding",
-        type=MemoryRounding,
-        choices=list(MemoryRounding),
-        default=env.get("GPUSHARE_GPU_MEMORY_ROUNDING", MemoryRounding.UP.value),
-        help="nvml backend: how a GPU's memory becomes whole GiB. up counts as ACK does (a "
-        "Tesla T4's 15,109 MiB is 15 GiB, an A10's 22,731 MiB 23), so the last slice of a "
-        "full GPU may hold up to 1 GiB less than it says; down never promises more than "
-        "the GPU has (T4 14, A10 22) (env GPUSHARE_GPU_MEMORY_ROUNDING)",
     )
     parser.add_argument(
         "--dev-root",
@@ -115,18 +91,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=env.get("KUBECONFIG", ""),
         help="kubeconfig file; empty means in-cluster credentials (env KUBECONFIG)",
     )
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=9401,
-        help="port of the Prometheus /metrics endpoint; 0 turns it off",
-    )
-    parser.add_argument(
-        "--log-level",
-        choices=("debug", "info", "warning", "error"),
-        default="info",
-        help="log level",
-    )
     return parser
 
 
@@ -138,11 +102,7 @@ def build_backend(args: argparse.Namespace) -> GpuBackend:
                 "--backend mock needs --mock-gpus (or GPUSHARE_MOCK_GPUS), e.g. 2x16GiB"
             )
         return MockBackend.from_layout(args.mock_gpus, args.node_name, args.mock_health_file)
-    from gpushare.deviceplugin.nvml import NvmlBackend
-    from gpushare.nvmllib import load_from_driver_root
-
-    load_from_driver_root()
-    return NvmlBackend(dev_root=args.dev_root, memory_rounding=args.gpu_memory_rounding)
+    return NvmlBackend(bindings(), dev_root=args.dev_root, memory_rounding=args.gpu_memory_rounding)
 
 
 def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> int:
@@ -191,8 +151,6 @@ def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> in
 def _device_files(backend: GpuBackend) -> str:
     """The dev root and the control device files seen there, for the start line; a
     warning when nvidiactl is not among them (every CUDA container needs it)."""
-    from gpushare.deviceplugin.nvml import NvmlBackend
-
     if not isinstance(backend, NvmlBackend):
         return ""
     found = backend.control_devices()
@@ -222,8 +180,7 @@ def _freeze_when_synced(plugin: DevicePlugin, stop: threading.Event) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.node_name:
-        parser.error("--node-name (or env NODE_NAME) is required")
+    check_node_flags(parser, args)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

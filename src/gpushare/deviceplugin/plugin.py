@@ -26,9 +26,9 @@ from gpushare.cluster import Cluster, EventType
 from gpushare.deviceplugin.admission import AdmissionQueue
 from gpushare.deviceplugin.allocator import Allocator
 from gpushare.deviceplugin.assignment import AssignmentWriter
+from gpushare.deviceplugin.backends.port import GpuBackend, HealthChange
 from gpushare.deviceplugin.deadline import ANSWER_WITHIN_S
 from gpushare.deviceplugin.feed import DeviceFeed
-from gpushare.deviceplugin.gpus import GpuBackend, HealthChange
 from gpushare.deviceplugin.journal import FILE_NAME, GrantJournal
 from gpushare.deviceplugin.metrics import PluginMetrics
 from gpushare.deviceplugin.node import LocalNode, NodeChange, NodeSnapshot

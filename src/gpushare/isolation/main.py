@@ -12,19 +12,20 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import FrameType
+from typing import Final
 
 from prometheus_client import start_http_server
 
-from gpushare.inventory import MemoryRounding, parse_layout
+from gpushare.inventory import parse_layout
 from gpushare.isolation.agent import AgentConfig, IsolationAgent
 from gpushare.isolation.backends.mock import MockBackend, discovered_containers, mock_devices
+from gpushare.isolation.backends.nvml import NvmlBackend
 from gpushare.isolation.backends.port import GpuBackend
 from gpushare.isolation.backends.procfs import ProcessTable
 from gpushare.isolation.clock import Clock, SystemClock
@@ -40,8 +41,13 @@ from gpushare.isolation.policy import (
     parse_prio_ratio,
 )
 from gpushare.isolation.smi import DEFAULT_CONTROL_DIR
+from gpushare.nodeflags import add_node_flags, check_node_flags
+from gpushare.nvmllib import bindings
 
 log = logging.getLogger("gpushare.isolation")
+
+METRICS_PORT: Final = 9402
+"""The device plugin's is 9401: both listen in the node pod's one network namespace."""
 
 
 def agent_version() -> str:
@@ -58,35 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--node-name",
-        default=env.get("NODE_NAME") or socket.gethostname(),
-        help="this node's name, for logs and mock GPU UUIDs (env NODE_NAME; default: hostname)",
-    )
-    parser.add_argument(
-        "--backend",
-        choices=["nvml", "mock"],
-        default=env.get("GPUSHARE_BACKEND") or "nvml",
-        help="nvml: the node's NVIDIA GPUs; mock: simulated GPUs from --mock-gpus, with the "
-        "processes that carry gpushare's environment as containers (env GPUSHARE_BACKEND; "
-        "default %(default)s)",
-    )
-    parser.add_argument(
-        "--mock-gpus",
-        default=env.get("GPUSHARE_MOCK_GPUS", ""),
-        metavar="LAYOUT",
-        help="mock GPU layout such as 2x16GiB,1x80GiB (env GPUSHARE_MOCK_GPUS; needed with "
-        "--backend mock)",
-    )
-    parser.add_argument(
-        "--gpu-memory-rounding",
-        type=MemoryRounding,
-        choices=list(MemoryRounding),
-        default=env.get("GPUSHARE_GPU_MEMORY_ROUNDING") or MemoryRounding.UP.value,
-        help="nvml backend: how a GPU's memory becomes whole GiB, as the device plugin's flag "
-        "of the same name (up: a Tesla T4 is 15 GiB, as on ACK; down: 14) (env "
-        "GPUSHARE_GPU_MEMORY_ROUNDING; default %(default)s)",
-    )
+    add_node_flags(parser, METRICS_PORT)
     parser.add_argument(
         "--control-dir",
         type=Path,
@@ -107,23 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the host's cgroup tree, for freezing containers (default %(default)s)",
     )
     parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=9402,
-        help="port of the Prometheus /metrics endpoint, 0 for none (default %(default)s)",
-    )
-    parser.add_argument(
         "--memory-action",
         choices=[a.value for a in MemoryAction],
         default=MemoryAction.KILL.value,
         help="what to do with a container over its GPU memory cap: kill the process holding "
         "the most memory, or report it in the log and metrics only (default %(default)s)",
-    )
-    parser.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error"],
-        default="info",
-        help="log level (default %(default)s)",
     )
     parser.add_argument(
         "--slice-ms",
@@ -156,8 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> AgentConfig:
     if args.slice_ms < 1:
         parser.error(f"--slice-ms must be at least 1; got {args.slice_ms}")
-    if not 0 <= args.metrics_port <= 65535:
-        parser.error(f"--metrics-port must be 0..65535; got {args.metrics_port}")
     try:
         policy = None if args.default_policy == "auto" else parse_policy(args.default_policy)
         max_inst = parse_max_inst(args.max_inst)
@@ -189,22 +153,13 @@ def build_backend(args: argparse.Namespace, clock: Clock) -> GpuBackend:
             clock,
             discover=lambda: discovered_containers(processes.contract_processes()),
         )
-    from gpushare.isolation.backends.nvml import NvmlBackend
-    from gpushare.nvmllib import load_from_driver_root
-
-    load_from_driver_root()
-    try:
-        return NvmlBackend(
-            args.proc_root,
-            args.cgroup_root,
-            clock,
-            memory_rounding=args.gpu_memory_rounding,
-        )
-    except Exception as err:  # pynvml raises NVMLError subclasses, or OSError without a driver
-        raise RuntimeError(
-            f"NVML is not available ({err}); run on a node with the NVIDIA driver and its "
-            "libraries mounted, or use --backend mock --mock-gpus LAYOUT"
-        ) from None
+    return NvmlBackend(
+        bindings(),
+        args.proc_root,
+        args.cgroup_root,
+        clock,
+        memory_rounding=args.gpu_memory_rounding,
+    )
 
 
 def summary(args: argparse.Namespace, config: AgentConfig, backend: GpuBackend) -> str:
@@ -224,6 +179,7 @@ def summary(args: argparse.Namespace, config: AgentConfig, backend: GpuBackend) 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_node_flags(parser, args)
     config = config_from(args, parser)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -1,6 +1,7 @@
-"""Where the node components' pynvml finds libnvidia-ml.so.1.
+"""NVML for the node components: pynvml with its libnvidia-ml.so.1 found (`bindings`),
+and the GPU discovery both components share (`discovery.py`).
 
-Usually the dynamic loader finds it by its name: the NVIDIA container toolkit mounts
+Usually the dynamic loader finds libnvidia-ml.so.1 by its name: the NVIDIA container toolkit mounts
 the driver's copy into the container (the chart sets NVIDIA_VISIBLE_DEVICES=all and
 NVIDIA_DRIVER_CAPABILITIES=utility), the driver is installed on the host itself, or
 LD_LIBRARY_PATH names a directory holding it (the tests' fake).
@@ -11,6 +12,9 @@ chart's gpu.driverRoot, e.g. the GPU operator's /run/nvidia/driver, mounted at
 `load_from_driver_root` loads the library by its path before nvmlInit. Not through
 LD_LIBRARY_PATH: the driver root's library directories also hold its own C library,
 which the dynamic loader would then take for the image's and Python would not start.
+
+pynvml is imported here only, by `bindings` when an nvml backend is built: the backends
+take it injected, so tests hand them stand-ins and `--backend mock` never loads it.
 """
 
 import ctypes
@@ -42,6 +46,14 @@ def library_in(root: Path) -> Path | None:
         if candidate.exists():
             return candidate
     return None
+
+
+def bindings(environ: Mapping[str, str] | None = None) -> Any:
+    """pynvml, to hand to an nvml backend: its library loaded from GPUSHARE_DRIVER_ROOT
+    where that is set (see `load_from_driver_root`), else found by name at nvmlInit."""
+    pynvml = importlib.import_module("pynvml")
+    load_from_driver_root(environ, pynvml)
+    return pynvml
 
 
 def load_from_driver_root(

@@ -1,20 +1,21 @@
-"""The NVML backend: real GPUs through nvidia-ml-py, containers through /proc and cgroups.
+"""The NVML backend: real GPUs through an injected nvidia-ml-py (pynvml), containers
+through /proc and cgroups.
 
-NVML names the processes on each GPU, their memory and (sampled by the
-driver) their share of the GPU's streaming multiprocessors. /proc says which
-container each belongs to and what limits it was started with; the cgroup tree
-freezes it. NVML reports host PIDs, so the agent runs with the host's PID
-namespace and reads the host's /proc at --proc-root.
+The GPUs come from gpushare.nvmllib's discovery, shared with the device plugin.
+NVML names the processes on each GPU, their memory and (sampled by the driver) their
+share of the GPU's streaming multiprocessors. /proc says which container each belongs
+to and what limits it was started with; the cgroup tree freezes it. NVML reports host
+PIDs, so the agent runs with the host's PID namespace and reads the host's /proc at
+--proc-root.
 """
 
-import importlib
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from gpushare import environment
 from gpushare.inventory import MemoryRounding
@@ -22,8 +23,42 @@ from gpushare.isolation.backends.cgroupfs import FreezeMethod, Freezer
 from gpushare.isolation.backends.port import GpuDevice, GpuProcess, Observation
 from gpushare.isolation.backends.procfs import CgroupRef, ProcessTable
 from gpushare.isolation.clock import Clock
+from gpushare.nvmllib.discovery import GpuDiscovery, Nvml
 
 log = logging.getLogger("gpushare.isolation.nvml")
+
+
+class ProcessInfo(Protocol):
+    """pynvml's c_nvmlProcessInfo_t: usedGpuMemory is None where NVML cannot say."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def usedGpuMemory(self) -> int | None: ...
+
+
+class UtilisationSample(Protocol):
+    """pynvml's c_nvmlProcessUtilizationSample_t (timeStamp in microseconds)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def smUtil(self) -> int: ...
+
+    @property
+    def timeStamp(self) -> int: ...
+
+
+class ProcessNvml(Nvml, Protocol):
+    """The pynvml calls the agent makes, besides discovery's."""
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> Sequence[ProcessInfo]: ...
+
+    def nvmlDeviceGetProcessUtilization(
+        self, handle: object, since_us: int
+    ) -> Sequence[UtilisationSample]: ...
 
 
 @dataclass(slots=True)
@@ -35,43 +70,44 @@ class _Member:
 
 
 class NvmlBackend:
-    """Implements `GpuBackend` on the node's NVIDIA GPUs."""
+    """Implements `GpuBackend` on the node's NVIDIA GPUs. nvml: pynvml
+    (gpushare.nvmllib.bindings()); NVML starts here and shuts down at close. Raises
+    NvmlUnavailable saying what to do when NVML cannot list the GPUs."""
 
     name = "nvml"
 
     def __init__(
         self,
+        nvml: ProcessNvml,
         proc_root: Path,
         cgroup_root: Path,
         clock: Clock,
-        nvml: Any = None,
         send_signal: Callable[[int, int], None] = os.kill,
         memory_rounding: MemoryRounding = MemoryRounding.UP,
     ) -> None:
-        self._nvml = nvml if nvml is not None else importlib.import_module("pynvml")
-        self._nvml.nvmlInit()
+        self._nvml = nvml
+        self._gpus = GpuDiscovery(nvml)
+        found = self._gpus.discover()
         self._clock = clock
         self._send_signal = send_signal
         self.processes = ProcessTable(proc_root)
         self.freezer = Freezer(cgroup_root, self.processes, send_signal)
         self.methods: dict[str, FreezeMethod] = {}
         """How each container was last frozen or thawed (for logs and tests)."""
-        self._handles = [
-            self._nvml.nvmlDeviceGetHandleByIndex(i) for i in range(self._nvml.nvmlDeviceGetCount())
-        ]
+        self._handles = [gpu.handle for gpu in found]
         major = self.processes.device_major()
         self._devices = tuple(
             GpuDevice(
-                index=i,
-                uuid=_text(self._nvml.nvmlDeviceGetUUID(h)),
-                mem_bytes=int(self._nvml.nvmlDeviceGetMemoryInfo(h).total),
-                model=_text(self._nvml.nvmlDeviceGetName(h)),
+                index=gpu.index,
+                uuid=gpu.uuid,
+                mem_bytes=gpu.mem_bytes,
+                model=gpu.model,
                 major=major,
                 rounding=memory_rounding,
             )
-            for i, h in enumerate(self._handles)
+            for gpu in found
         )
-        self._seen_us = [0] * len(self._handles)
+        self._seen_us = [0] * len(found)
         self._members: dict[str, _Member] = {}
         self._frozen: dict[str, bool] = {}
         self._warned_blind = False
@@ -135,10 +171,10 @@ class NvmlBackend:
 
     def close(self) -> None:
         self.hold(frozenset())
-        self._nvml.nvmlShutdown()
+        self._gpus.close()
 
     def _process(
-        self, index: int, info: Any, utilisation: dict[int, float] | None
+        self, index: int, info: ProcessInfo, utilisation: dict[int, float] | None
     ) -> GpuProcess | None:
         pid = int(info.pid)
         environ = self.processes.environ(pid)
@@ -155,7 +191,7 @@ class NvmlBackend:
             environ=environ,
         )
 
-    def _utilisation(self, index: int, handle: Any) -> dict[int, float] | None:
+    def _utilisation(self, index: int, handle: object) -> dict[int, float] | None:
         """Mean SM utilisation per PID over the driver's samples since the last call;
         None when the driver has none (no new sample yet, or not supported)."""
         try:
@@ -169,7 +205,3 @@ class NvmlBackend:
             totals.setdefault(int(sample.pid), []).append(float(sample.smUtil))
             self._seen_us[index] = max(self._seen_us[index], int(sample.timeStamp))
         return {pid: sum(values) / len(values) for pid, values in totals.items()}
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -7,7 +7,7 @@ tested without a GPU; nvml.py feeds it from the driver's event set.
 from dataclasses import dataclass, field
 from typing import Final
 
-from gpushare.deviceplugin.gpus import HealthChange
+from gpushare.deviceplugin.backends.port import HealthChange
 
 APPLICATION_XIDS: Final = frozenset({13, 31, 43, 45, 68, 109})
 """XIDs an application causes (graphics exception, page fault, stopped channel,

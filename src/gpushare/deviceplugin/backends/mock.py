@@ -13,20 +13,17 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpushare.deviceplugin.gpus import DeviceNode, HealthChange, HealthListener, PhysicalGpu
+from gpushare.deviceplugin.backends.port import (
+    DeviceNode,
+    HealthChange,
+    HealthListener,
+    PhysicalGpu,
+)
 from gpushare.inventory import Gpu, parse_layout
 
 log = logging.getLogger(__name__)
 
 _INDICES = re.compile(r"[\s,]+")
-
-
-def read_layout(spec: str) -> str:
-    """The layout itself, or the content of the file `spec` names (a ConfigMap mount)."""
-    path = Path(spec)
-    if spec and path.is_file():
-        return path.read_text().strip()
-    return spec
 
 
 class MockBackend:
@@ -50,11 +47,12 @@ class MockBackend:
 
     @classmethod
     def from_layout(
-        cls, spec: str, node: str, health_file: Path | None = None, poll_interval: float = 1.0
+        cls, layout: str, node: str, health_file: Path | None = None, poll_interval: float = 1.0
     ) -> "MockBackend":
-        """GPUs from a layout or a file holding one; UUIDs as inventory.parse_layout
-        makes them for `node`, so the demo's nodes and this backend agree."""
-        return cls(parse_layout(read_layout(spec), node), health_file, poll_interval)
+        """GPUs from a layout (--mock-gpus: gpushare.nodeflags reads a file it names);
+        UUIDs as inventory.parse_layout makes them for `node`, so the demo's nodes and
+        this backend agree."""
+        return cls(parse_layout(layout, node), health_file, poll_interval)
 
     def discover(self) -> tuple[PhysicalGpu, ...]:
         self._read_health_file()

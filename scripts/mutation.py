@@ -107,19 +107,33 @@ def function_sources(source: str) -> tuple[dict[str, str], str]:
         functions[name] = "\n".join(lines[first - 1 : end])
         taken.update(range(first, end + 1))
 
+    def skip(node: ast.stmt) -> None:
+        taken.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+
     for node in tree.body:
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            # Which names a module imports from where is not mutated, and a module that
-            # moved (or whose neighbours moved) imports the same objects by new paths.
-            taken.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+        if isinstance(node, ast.Import | ast.ImportFrom) or _is_docstring(node):
+            # Neither is mutated: a module that moved (or whose neighbours moved) imports
+            # the same objects by new paths, and its docstrings may name the new paths.
+            skip(node)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             keep(f"x_{node.name}", node)
         elif isinstance(node, ast.ClassDef):
             for item in node.body:
                 if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
                     keep(f"xǁ{node.name}ǁ{item.name}", item)
+                elif _is_docstring(item):
+                    skip(item)
     rest = "\n".join(line for n, line in enumerate(lines, 1) if n not in taken and line.strip())
     return functions, rest
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    """A string standing alone: a module's, class's or attribute's docstring."""
+    return (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    )
 
 
 def changed_functions(ref: str, path: str) -> set[str] | None:

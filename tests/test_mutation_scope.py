@@ -182,7 +182,8 @@ def _committed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str) -> 
             "return self.size + by  # pragma: no mutate: a reason",
             {"xǁShapeǁgrow"},
         ),
-        ("A module.", "The module.", None),  # outside any function: every mutant may change
+        ("A module.", "The module.", set()),  # a docstring: no mutant changes
+        ("return text.strip()", "return text.strip()\n\nLIMIT_DOC = 1", None),
         ("LIMIT = 3", "LIMIT = 4", None),
         ("    size = 1", "    size = 2", None),  # a class body
     ],

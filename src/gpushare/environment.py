@@ -23,6 +23,17 @@ CORE_PERCENTAGE: Final = "GPUSHARE_GPU_CORE_PERCENTAGE"
 POD: Final = "GPUSHARE_POD"
 """Ours: namespace/name of the pod, so node tools can name it without the API."""
 CONTAINER: Final = "GPUSHARE_CONTAINER"
+CUDA_REGION: Final = "GPUSHARE_CUDA_REGION"
+"""Ours: the path of the container's accounting region, a file every process of it that
+loads the CUDA interposer maps shared, and the isolation agent reads and writes."""
+
+INTERPOSER_IN_CONTAINER: Final = "/usr/local/lib/gpushare/libgpushare-cuda.so"
+"""Where Allocate mounts the CUDA interposer in a container, and the node's ld.so.preload
+(mounted over the container's /etc/ld.so.preload) names it."""
+ACCOUNTING_DIR_IN_CONTAINER: Final = "/run/gpushare"
+"""Where Allocate mounts the container's accounting directory (read-write)."""
+REGION_FILE: Final = "cuda-region"
+"""The region's file name in the accounting directory."""
 
 DEFAULT_WEIGHT: Final = 1
 
@@ -72,6 +83,15 @@ def container_env(
     if isolation_disabled or container.exclusive:
         env[CGPU_DISABLE] = "true"
     return env
+
+
+def isolated_at_the_call(pod: Pod, container: ContainerAllocation, env: Mapping[str, str]) -> bool:
+    """Whether the CUDA interposer loads into the container: its memory is capped (the
+    answer's `env` carries no CGPU_DISABLE: not share mode, not cgpu.disable.isolation,
+    not a whole GPU) and the pod did not turn cGPU off itself with CGPU_DISABLE=true in
+    the container's environment, as ACK documents."""
+    own = _spec_env(pod, container).get(CGPU_DISABLE, "")
+    return CGPU_DISABLE not in env and own.strip().lower() != "true"
 
 
 def limits_from_env(env: Mapping[str, str]) -> ContainerLimits | None:

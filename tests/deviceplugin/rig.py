@@ -40,7 +40,9 @@ class Rig:
         backend_type: type[MockBackend] = MockBackend,
         cluster_type: type[MemoryCluster] = MemoryCluster,
         answer_within: float = 0.3,
+        interposer_dir: Path | None = None,
     ) -> None:
+        self.interposer_dir = interposer_dir
         self.node = node
         self.backend_type = backend_type
         self.layout = layout
@@ -74,6 +76,7 @@ class Rig:
             reconcile_delay=reconcile_delay,
             reconcile_interval=3600,
             answer_within=self.answer_within,
+            interposer_dir=self.interposer_dir,
         )
         return DevicePlugin(config, backend, self.cluster)
 

@@ -33,11 +33,13 @@ from gpushare.deviceplugin.assignment import AssignmentWriter
 from gpushare.deviceplugin.backends.port import GpuBackend
 from gpushare.deviceplugin.deadline import ANSWER_WITHIN_S, Deadline
 from gpushare.deviceplugin.devices import preferred_ids
+from gpushare.deviceplugin.interposer import Injection, InterposerMounts
 from gpushare.deviceplugin.journal import Grant, GrantJournal
 from gpushare.deviceplugin.metrics import PluginMetrics
 from gpushare.deviceplugin.node import LocalNode, NodeSnapshot
 from gpushare.deviceplugin.worker import start_daemon
-from gpushare.environment import CORE_PERCENTAGE, container_env
+from gpushare.environment import CORE_PERCENTAGE, container_env, isolated_at_the_call
+from gpushare.objects import Pod
 from gpushare.resources import GPU_CORE, RESOURCE
 
 log = logging.getLogger(__name__)
@@ -119,7 +121,9 @@ class Allocator:
         on_granted: Callable[[], None] = lambda: None,
         answer_within: float = ANSWER_WITHIN_S,
         watch_trouble: Callable[[], str | None] = lambda: None,
+        interposer: InterposerMounts | None = None,
     ) -> None:
+        self._interposer = interposer
         self._node = node
         self._queue = queue
         self._backend = backend
@@ -220,7 +224,7 @@ class Allocator:
             raise AllocationRefused(f"{ended} (kubelet restart?); no container taken") from None
         matched = time.perf_counter() - started
         waiting = match.waiting
-        response = container_response(resource, waiting, snapshot, self._backend)
+        response = container_response(resource, waiting, snapshot, self._backend, self._interposer)
         self._journal.record(
             Grant(
                 resource,
@@ -245,6 +249,8 @@ class Allocator:
         )
 
         def after_answer() -> None:
+            if self._interposer is not None:
+                self._interposer.prune(self._queue.uids())
             self._journal.write()
             self._assignments.wake()
             log.info(*message)
@@ -276,7 +282,11 @@ class Allocator:
 
 
 def container_response(
-    resource: str, waiting: WaitingContainer, snapshot: NodeSnapshot, backend: GpuBackend
+    resource: str,
+    waiting: WaitingContainer,
+    snapshot: NodeSnapshot,
+    backend: GpuBackend,
+    interposer: InterposerMounts | None = None,
 ) -> pb.ContainerAllocateResponse:
     """The answer for one container and one resource.
 
@@ -292,10 +302,16 @@ def container_response(
         return pb.ContainerAllocateResponse(envs={CORE_PERCENTAGE: env[CORE_PERCENTAGE]})
     if GPU_CORE in waiting.requests and GPU_CORE in snapshot.advertised:
         del env[CORE_PERCENTAGE]
+    injection = (
+        _injection(interposer, waiting.pod, container)
+        if interposer is not None and isolated_at_the_call(waiting.pod, container, env)
+        else None
+    )
     indices = tuple(s.index for s in container.gpus)
     nodes = backend.device_nodes(snapshot.physical(indices))
     return pb.ContainerAllocateResponse(
-        envs=env,
+        envs={**env, **(injection.env if injection else {})},
+        mounts=injection.mounts if injection else (),
         devices=[
             pb.DeviceSpec(
                 container_path=n.container_path, host_path=n.host_path, permissions=n.permissions
@@ -303,6 +319,21 @@ def container_response(
             for n in nodes
         ],
     )
+
+
+def _injection(
+    interposer: InterposerMounts, pod: Pod, container: ContainerAllocation
+) -> Injection | None:
+    """The interposer's mounts for the container; None, logged, when its accounting
+    directory cannot be made: the container then starts without the interposer and the
+    agent enforces its cap after the fact, rather than the pod failing to start."""
+    try:
+        return interposer.for_container(pod.metadata.uid, container.name)
+    except OSError as err:
+        log.warning(
+            "%s container %s starts without the CUDA interposer: %s", pod.key, container.name, err
+        )
+        return None
 
 
 def _on_node_gpus(container: ContainerAllocation, snapshot: NodeSnapshot) -> ContainerAllocation:

@@ -116,6 +116,7 @@ def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> in
             plugin_dir=args.device_plugin_dir,
             pod_resources_socket=args.pod_resources_socket,
             answer_within=args.allocate_timeout,
+            interposer_dir=args.interposer_dir,
         )
         metrics = PluginMetrics(args.node_name)
         plugin = DevicePlugin(config, backend, cluster, metrics)

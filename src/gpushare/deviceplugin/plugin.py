@@ -29,6 +29,7 @@ from gpushare.deviceplugin.assignment import AssignmentWriter
 from gpushare.deviceplugin.backends.port import GpuBackend, HealthChange
 from gpushare.deviceplugin.deadline import ANSWER_WITHIN_S
 from gpushare.deviceplugin.feed import DeviceFeed
+from gpushare.deviceplugin.interposer import InterposerMounts
 from gpushare.deviceplugin.journal import FILE_NAME, GrantJournal
 from gpushare.deviceplugin.metrics import PluginMetrics
 from gpushare.deviceplugin.node import LocalNode, NodeChange, NodeSnapshot
@@ -64,6 +65,9 @@ class PluginConfig:
     answer_within: float = ANSWER_WITHIN_S
     """Seconds within which GetPreferredAllocation and Allocate are answered; a
     call that matches nothing waits that long for the pod watch to catch up."""
+    interposer_dir: Path | None = None
+    """The node's interposer directory (deviceplugin/interposer.py); None: never load
+    the CUDA interposer into containers."""
 
 
 class DevicePlugin:
@@ -109,6 +113,7 @@ class DevicePlugin:
             on_granted=self.reconciler.poke if self.reconciler else lambda: None,
             answer_within=config.answer_within,
             watch_trouble=self.watch_trouble,
+            interposer=(InterposerMounts(config.interposer_dir) if config.interposer_dir else None),
         )
         self.registrar = Registrar(
             config.plugin_dir,
@@ -186,7 +191,8 @@ class DevicePlugin:
             f"node={self.config.node_name} backend={self.backend.name} gpus=[{layout}] "
             f"device-plugin-dir={self.config.plugin_dir} "
             f"pod-resources-socket={self.config.pod_resources_socket or 'off'} "
-            f"allocate-timeout={self.config.answer_within:g}s"
+            f"allocate-timeout={self.config.answer_within:g}s "
+            f"interposer-dir={self.config.interposer_dir or 'off'}"
         )
 
     # ----- reactions

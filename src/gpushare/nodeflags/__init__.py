@@ -15,6 +15,7 @@ from typing import Final
 from gpushare.inventory import MemoryRounding
 
 BACKENDS: Final = ("nvml", "mock")
+INTERPOSER_DIR: Final = Path("/var/lib/gpushare/interposer")
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 
 
@@ -57,6 +58,18 @@ def add_node_flags(parser: argparse.ArgumentParser, metrics_port: int) -> None:
         "GPUSHARE_GPU_MEMORY_ROUNDING; default %(default)s)",
     )
     parser.add_argument(
+        "--interposer-dir",
+        type=directory_or_off,
+        default=directory_or_off(env.get("GPUSHARE_INTERPOSER_DIR", str(INTERPOSER_DIR))),
+        help="the node directory (a hostPath both node containers mount at this same path) "
+        "where the isolation agent puts the CUDA interposer and an ld.so.preload naming it, "
+        "and the device plugin makes each container's accounting directory; Allocate loads "
+        "the interposer into containers of cgpu and core_mem nodes once the agent has put "
+        "it there. An empty value turns the interposer off on this node: memory caps and "
+        "compute shares are then enforced by the agent alone, after the fact (env "
+        "GPUSHARE_INTERPOSER_DIR; default %(default)s)",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=port,
         default=metrics_port,
@@ -89,3 +102,8 @@ def port(value: str) -> int:
     if not 0 <= number <= 65535:
         raise argparse.ArgumentTypeError(f"must be 0..65535, got {number}")
     return number
+
+
+def directory_or_off(value: str) -> Path | None:
+    """A directory flag whose empty value turns its feature off."""
+    return Path(value) if value.strip() else None

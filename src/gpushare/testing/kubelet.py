@@ -70,6 +70,7 @@ class AdmittedContainer:
     init: bool
     envs: dict[str, str] = field(default_factory=dict)
     devices: list[pb.DeviceSpec] = field(default_factory=list)
+    mounts: list[pb.Mount] = field(default_factory=list)
     device_ids: dict[str, list[str]] = field(default_factory=dict)
     duplicate_envs: list[str] = field(default_factory=list)
     """Keys two answers both set (the kubelet keeps the first,
@@ -280,6 +281,8 @@ class KubeletStandIn:
                 entry.envs[key] = value
             known = {d.container_path for d in entry.devices}
             entry.devices += [d for d in answer.devices if d.container_path not in known]
+            mounted = {m.container_path for m in entry.mounts}
+            entry.mounts += [m for m in answer.mounts if m.container_path not in mounted]
         return entry
 
     def _pick(

@@ -1,0 +1,153 @@
+"""Allocate loads the CUDA interposer into containers whose memory is capped: the library
+and the preload file read-only, the container's own accounting directory read-write, and
+GPUSHARE_CUDA_REGION naming the region in it (deviceplugin/interposer.py)."""
+
+from pathlib import Path
+
+import pytest
+
+from gpushare.environment import (
+    ACCOUNTING_DIR_IN_CONTAINER,
+    CUDA_REGION,
+    INTERPOSER_IN_CONTAINER,
+)
+from gpushare.resources import GPU_CORE, GPU_MEM
+from tests.builders import container
+from tests.deviceplugin.rig import eventually
+
+
+def installed(directory: Path) -> Path:
+    """The interposer directory as the isolation agent leaves it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "libgpushare-cuda.so").write_bytes(b"\x7fELF")
+    (directory / "ld.so.preload").write_text(f"{INTERPOSER_IN_CONTAINER}\n")
+    return directory
+
+
+def mounted(admitted) -> dict[str, tuple[str, bool]]:
+    return {m.container_path: (m.host_path, m.read_only) for m in admitted.mounts}
+
+
+def test_a_capped_container_gets_the_library_the_preload_file_and_its_own_region(
+    make_rig, short_tmp
+):
+    directory = installed(short_tmp / "interposer")
+    rig = make_rig(layout="2x16GiB", mode="cgpu", interposer_dir=directory).start()
+    pod = rig.bind("train", [[1]], mem=4)
+
+    [main] = rig.kubelet.admit(pod)
+
+    accounting = directory / "regions" / pod.metadata.uid / "main"
+    assert mounted(main) == {
+        INTERPOSER_IN_CONTAINER: (str(directory / "libgpushare-cuda.so"), True),
+        "/etc/ld.so.preload": (str(directory / "ld.so.preload"), True),
+        ACCOUNTING_DIR_IN_CONTAINER: (str(accounting), False),
+    }
+    assert main.envs[CUDA_REGION] == f"{ACCOUNTING_DIR_IN_CONTAINER}/cuda-region"
+    assert accounting.is_dir() and accounting.stat().st_mode & 0o777 == 0o777
+
+
+def test_each_container_of_a_pod_gets_a_region_of_its_own(make_rig, short_tmp):
+    directory = installed(short_tmp / "interposer")
+    rig = make_rig(layout="2x16GiB", mode="cgpu", interposer_dir=directory).start()
+    pod = rig.bind("two", [[0], [1]], containers=[container("a", 2), container("b", 3)])
+
+    a, b = rig.kubelet.admit(pod)
+
+    regions = directory / "regions" / pod.metadata.uid
+    assert mounted(a)[ACCOUNTING_DIR_IN_CONTAINER][0] == str(regions / "a")
+    assert mounted(b)[ACCOUNTING_DIR_IN_CONTAINER][0] == str(regions / "b")
+
+
+def test_memory_and_compute_answers_carry_the_mounts_once(make_rig, short_tmp):
+    directory = installed(short_tmp / "interposer")
+    rig = make_rig(layout="1x16GiB", mode="core_mem", interposer_dir=directory).start()
+    pod = rig.bind("paced", [[0]], mem=4, core=30)
+
+    [main] = rig.kubelet.admit(pod)
+
+    assert set(main.device_ids) == {GPU_MEM, GPU_CORE}
+    assert len(main.mounts) == 3 and main.duplicate_envs == []
+    assert CUDA_REGION in main.envs
+
+
+@pytest.mark.parametrize(
+    ("mode", "kwargs", "env"),
+    [
+        ("share", {"mem": 4}, None),  # share mode caps nothing
+        ("cgpu", {"count": 1}, None),  # a whole GPU is the container's own
+        ("cgpu", {"mem": 4}, "true"),  # the pod turned cGPU off (ACK's CGPU_DISABLE)
+    ],
+    ids=["share-mode", "whole-gpu", "pod-sets-CGPU_DISABLE"],
+)
+def test_nothing_is_loaded_where_memory_is_not_capped(make_rig, short_tmp, mode, kwargs, env):
+    directory = installed(short_tmp / "interposer")
+    rig = make_rig(layout="1x16GiB", mode=mode, interposer_dir=directory).start()
+    spec = container("main", **kwargs)
+    if env is not None:
+        spec["env"] = [{"name": "CGPU_DISABLE", "value": env}]
+    pod = rig.bind("free", [[0]], containers=[spec])
+
+    [main] = rig.kubelet.admit(pod)
+
+    assert main.mounts == [] and CUDA_REGION not in main.envs
+    assert not (directory / "regions" / pod.metadata.uid).exists()
+
+
+def test_a_pod_setting_cgpu_disable_false_still_gets_it(make_rig, short_tmp):
+    directory = installed(short_tmp / "interposer")
+    rig = make_rig(layout="1x16GiB", mode="cgpu", interposer_dir=directory).start()
+    spec = container("main", 4)
+    spec["env"] = [{"name": "CGPU_DISABLE", "value": "false"}]
+
+    [main] = rig.kubelet.admit(rig.bind("kept", [[0]], containers=[spec]))
+
+    assert CUDA_REGION in main.envs
+
+
+def test_until_the_agent_installed_the_library_containers_start_without_it(make_rig, short_tmp):
+    directory = short_tmp / "interposer"
+    rig = make_rig(layout="1x16GiB", mode="cgpu", interposer_dir=directory).start()
+
+    [main] = rig.kubelet.admit(rig.bind("early", [[0]], mem=2))
+
+    assert main.mounts == [] and CUDA_REGION not in main.envs
+    installed(directory)
+    [later] = rig.kubelet.admit(rig.bind("later", [[0]], mem=2))
+    assert len(later.mounts) == 3
+
+
+def test_an_accounting_directory_that_cannot_be_made_leaves_the_container_without_it(
+    make_rig, short_tmp, caplog
+):
+    directory = installed(short_tmp / "interposer")
+    (directory / "regions").write_text("a file where the directory should be")
+    rig = make_rig(layout="1x16GiB", mode="cgpu", interposer_dir=directory).start()
+
+    [main] = rig.kubelet.admit(rig.bind("unlucky", [[0]], mem=2))
+
+    assert main.mounts == [] and main.envs["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2"
+    assert "starts without the CUDA interposer" in caplog.text
+
+
+def test_the_regions_of_deleted_pods_are_removed(make_rig, short_tmp):
+    directory = installed(short_tmp / "interposer")
+    rig = make_rig(layout="1x16GiB", mode="cgpu", interposer_dir=directory).start()
+    gone = rig.bind("gone", [[0]], mem=2)
+    rig.kubelet.admit(gone)
+    region = directory / "regions" / gone.metadata.uid
+    assert region.is_dir()
+    rig.cluster.delete_pod("default", "gone")
+    assert eventually(lambda: gone.metadata.uid not in rig.plugin.queue.uids())
+
+    kept = rig.bind("next", [[0]], mem=2)
+    rig.kubelet.admit(kept)
+
+    assert eventually(lambda: not region.exists())
+    assert (directory / "regions" / kept.metadata.uid).is_dir()
+
+
+def test_without_an_interposer_directory_nothing_is_injected(make_rig):
+    rig = make_rig(layout="1x16GiB", mode="cgpu").start()
+    [main] = rig.kubelet.admit(rig.bind("plain", [[0]], mem=2))
+    assert main.mounts == [] and CUDA_REGION not in main.envs

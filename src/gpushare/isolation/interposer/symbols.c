@@ -46,12 +46,12 @@ __attribute__((visibility("hidden"))) void *gs_dlsym_hook(void *handle, const ch
     return symbol->hook;
 }
 
-/* Among the hooks, the one whose real function is `real`; else the one of the same
+/* Among the hooks, the one whose real function is `real` (or that is `real`); else the one of the same
  * base name (suffixes _vN, _ptsz, _ptds aside) if exactly one hook has it. */
 static void *hook_for(const char *symbol, void *real) {
     for (int i = 0; i < gs_symbol_count; i++)
-        if (gs_symbols[i].hook && *gs_symbols[i].real == real)
-            return gs_symbols[i].hook;
+        if (gs_symbols[i].hook && (*gs_symbols[i].real == real || gs_symbols[i].hook == real))
+            return gs_symbols[i].hook; /* a driver may hand out its exports, ours by then */
     size_t length = strlen(symbol);
     void *only = NULL;
     int matches = 0;

@@ -32,6 +32,7 @@
 CUresult cuInit(unsigned int flags);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice device);
 CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice device);
 unsigned long long fakecuda_reached(int device);
 long fakecuda_calls(const char *name);
 
@@ -44,6 +45,7 @@ static const struct {
     {"cuInit", (void *)cuInit},
     {"cuDevicePrimaryCtxRetain", (void *)cuDevicePrimaryCtxRetain},
     {"cuCtxSetCurrent", (void *)cuCtxSetCurrent},
+    {"cuDeviceGetDefaultMemPool", (void *)cuDeviceGetDefaultMemPool},
     {"fakecuda_reached", (void *)fakecuda_reached},
     {"fakecuda_calls", (void *)fakecuda_calls},
 };

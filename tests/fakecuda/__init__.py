@@ -75,17 +75,41 @@ def build_fake_cuda(directory: Path) -> FakeCuda:
     driver's internal pointers are."""
     directory.mkdir(parents=True, exist_ok=True)
     driver = directory / DRIVER_NAME
-    _compile("-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-Bsymbolic", "-o", str(driver),
-             str(HERE / "fakecuda.c"), "-lpthread")
+    _compile(
+        "-shared",
+        "-fPIC",
+        "-fvisibility=hidden",
+        "-Wl,-Bsymbolic",
+        "-o",
+        str(driver),
+        str(HERE / "fakecuda.c"),
+        "-lpthread",
+    )
     probe = directory / "probe"
-    _compile("-o", str(probe), str(HERE / "probe.c"), f"-L{directory}", f"-l:{DRIVER_NAME}",
-             "-ldl")
+    _compile("-o", str(probe), str(HERE / "probe.c"), f"-L{directory}", f"-l:{DRIVER_NAME}", "-ldl")
     for name in ("first", "second"):
-        _compile("-shared", "-fPIC", f"-DLIBRARY_{name.upper()}", "-o",
-                 str(directory / f"lib{name}.so"), str(HERE / "rtld_next.c"), "-ldl")
+        _compile(
+            "-shared",
+            "-fPIC",
+            f"-DLIBRARY_{name.upper()}",
+            "-o",
+            str(directory / f"lib{name}.so"),
+            str(HERE / "rtld_next.c"),
+            "-ldl",
+        )
     rtld_next_program = directory / "rtld_next"
-    _compile("-DPROGRAM", "-o", str(rtld_next_program), str(HERE / "rtld_next.c"),
-             f"-L{directory}", "-Wl,--no-as-needed", "-lfirst", "-lsecond", f"-Wl,-rpath,{directory}", "-ldl")
+    _compile(
+        "-DPROGRAM",
+        "-o",
+        str(rtld_next_program),
+        str(HERE / "rtld_next.c"),
+        f"-L{directory}",
+        "-Wl,--no-as-needed",
+        "-lfirst",
+        "-lsecond",
+        f"-Wl,-rpath,{directory}",
+        "-ldl",
+    )
     try:
         library = interposer.build_library(directory)
     except (interposer.CompilerMissing, interposer.BuildFailed) as failure:
@@ -134,7 +158,10 @@ class Container:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSHARE_", "FAKE_"))}
         for name in ("ALIYUN_COM_GPU_MEM_CONTAINER", "NVIDIA_VISIBLE_DEVICES", "LD_PRELOAD"):
             env.pop(name, None)
-        paths = [str(self.built.directory), *filter(None, env.get("LD_LIBRARY_PATH", "").split(":"))]
+        paths = [
+            str(self.built.directory),
+            *filter(None, env.get("LD_LIBRARY_PATH", "").split(":")),
+        ]
         env["LD_LIBRARY_PATH"] = ":".join(paths)
         env["FAKE_CUDA_DEVICES"] = ",".join(f"{u}:{size}" for u, size in self.devices)
         if self.preload:
@@ -151,8 +178,13 @@ class Container:
         return env
 
     def run_probe(self, mode: str, *commands: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(self.built.probe), mode, *commands], env=self.env(),
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [str(self.built.probe), mode, *commands],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     def probe(self, mode: str, *commands: str) -> list[dict[str, str]]:
         """The probe's output lines, parsed; fails the test if the probe failed."""
@@ -161,19 +193,34 @@ class Container:
         return [parse_line(line) for line in result.stdout.splitlines()]
 
     def start_probe(self, mode: str, *commands: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([str(self.built.probe), mode, *commands], env=self.env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [str(self.built.probe), mode, *commands],
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def python(self, code: str, *arguments: str) -> subprocess.CompletedProcess[str]:
         """Python running `code` in the container (fails the test if it fails)."""
-        result = subprocess.run([sys.executable, "-c", code, *arguments], env=self.env(),
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-c", code, *arguments],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 0, result.stderr
         return result
 
     def start_python(self, code: str, *arguments: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-c", code, *arguments], env=self.env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-c", code, *arguments],
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
 
 CUDA_PRELUDE: Final = """

@@ -63,7 +63,10 @@ def test_memory_at_a_host_location_passes_through_uncapped(container: Container,
         "free", "0", "free", "1",
     )  # fmt: skip
 
-    assert [a["rc"] for a in results(lines, "alloc")] == ["0", "0"]  # the host's 2 GiB: not the GPU's
+    assert [a["rc"] for a in results(lines, "alloc")] == [
+        "0",
+        "0",
+    ]  # the host's 2 GiB: not the GPU's
     assert [f["rc"] for f in results(lines, "free")] == ["0", "0"]
 
 

@@ -85,7 +85,8 @@ def worker(seed):
 threads = [threading.Thread(target=worker, args=(n,)) for n in range(16)]
 for t in threads: t.start()
 for t in threads: t.join()
-print(region.gpus()[0].used_bytes, region.processes()[0].used_bytes[0], cuda.fakecuda_reached(0), len(over))
+gpu, mine = region.gpus()[0], region.processes()[0]
+print(gpu.used_bytes, mine.used_bytes[0], cuda.fakecuda_reached(0), len(over))
 """
 )
 

@@ -15,7 +15,9 @@ test skips, saying why, when there is no C compiler.
 
 import atexit
 import os
+import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -244,3 +246,40 @@ def free(pointer):
 """
 """Python for a process in a Container: the driver through ctypes (dlopen + dlsym, so the
 hooks), device 0 current, alloc(size) -> (rc, pointer) and free(pointer)."""
+
+
+def dynamic_exports(library: Path) -> set[str]:
+    """The names a 64-bit little-endian ELF shared object defines in its dynamic symbol
+    table with default visibility (what `nm -D --defined-only` lists), read directly."""
+    data = library.read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError(f"{library} is not a 64-bit little-endian ELF file")
+    section_offset = int.from_bytes(data[0x28:0x30], "little")
+    entry_size = int.from_bytes(data[0x3A:0x3C], "little")
+    count = int.from_bytes(data[0x3C:0x3E], "little")
+    sections = [
+        struct.unpack_from("<IIQQQQIIQQ", data, section_offset + i * entry_size)
+        for i in range(count)
+    ]
+    dynsym_type = 11
+    names = set()
+    for _, kind, _, _, offset, size, link, _, _, symbol_size in sections:
+        if kind != dynsym_type:
+            continue
+        strings = sections[link][4]
+        for at in range(offset + symbol_size, offset + size, symbol_size):  # 0 is undefined
+            name, info, other, index = struct.unpack_from("<IBBH", data, at)
+            bind, visibility = info >> 4, other & 3
+            if index != 0 and bind in (1, 2) and visibility == 0:  # GLOBAL/WEAK, DEFAULT
+                end = data.index(b"\0", strings + name)
+                names.add(data[strings + name : end].decode())
+    return names
+
+
+def hook_table() -> dict[str, list[str]]:
+    """hooks.def's entries by macro (CUDA_HOOK, CUDA_REAL, NVML_HOOK, NVML_REAL)."""
+    table: dict[str, list[str]] = {}
+    text = (interposer.SOURCE_DIRECTORY / "hooks.def").read_text()
+    for macro, name in re.findall(r"^((?:CUDA|NVML)_(?:HOOK|REAL))\((\w+),", text, re.M):
+        table.setdefault(macro, []).append(name)
+    return table

@@ -39,7 +39,8 @@ COMPILE: Final = ("-O2", "-Wall", "-Wextra", "-Werror", f"-I{interposer.SOURCE_D
 
 
 class FakeCudaUnavailable(RuntimeError):
-    """No C compiler to build the fake with; the message says what to install."""
+    """No C compiler to build the fake with; the message says what to install. (Sources
+    the compiler refuses raise interposer.BuildFailed: that fails the tests.)"""
 
 
 def uuid(n: int) -> str:
@@ -59,13 +60,14 @@ class FakeCuda:
 
 
 def _compile(*arguments: str) -> None:
+    """Compiles; a missing compiler skips the tests, a refused source fails them."""
     try:
         command = [*interposer.compiler(), *COMPILE, *arguments]
     except interposer.CompilerMissing as missing:
         raise FakeCudaUnavailable(str(missing)) from missing
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     if result.returncode != 0:
-        raise FakeCudaUnavailable(f"{' '.join(command)} failed:\n{result.stderr}")
+        raise interposer.BuildFailed(f"{' '.join(command)} failed:\n{result.stderr}")
 
 
 def build_fake_cuda(directory: Path) -> FakeCuda:
@@ -114,8 +116,8 @@ def build_fake_cuda(directory: Path) -> FakeCuda:
     )
     try:
         library = interposer.build_library(directory)
-    except (interposer.CompilerMissing, interposer.BuildFailed) as failure:
-        raise FakeCudaUnavailable(str(failure)) from failure
+    except interposer.CompilerMissing as missing:
+        raise FakeCudaUnavailable(str(missing)) from missing
     return FakeCuda(directory, driver, probe, library, rtld_next_program)
 
 

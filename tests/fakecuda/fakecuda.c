@@ -11,6 +11,9 @@
  *   FAKE_CUDA_DEVICES="GPU-<uuid>:BYTES,..."  the devices, in ordinal order (default: one
  *                                            16 GiB device, GPU-00000000-0000-0000-0000-
  *                                            000000000000)
+ *   FAKE_CUDA_INTERNAL_POINTERS=1            cuGetProcAddress hands out other entry points
+ *                                            than the exports for cuMemAlloc(_v2) and
+ *                                            cuLaunchKernel_ptsz, as a real driver may
  *   FAKE_CUDA_LOCKS=DIR                      serialise kernels per device across processes
  *                                            (flock on DIR/deviceN); else per process
  *
@@ -682,6 +685,33 @@ static const struct proc {
 #undef P
 };
 
+/* Entry points other than the exports, as a real driver may hand out: with
+ * FAKE_CUDA_INTERNAL_POINTERS set, cuGetProcAddress answers these for three functions. */
+static CUresult internal_cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytes) {
+    return cuMemAlloc(dptr, bytes);
+}
+static CUresult internal_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
+    return cuMemAlloc_v2(dptr, bytes);
+}
+static CUresult internal_cuLaunchKernel_ptsz(KERNEL_ARGS, void **extra) {
+    return cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+}
+
+static void *internal(void *function) {
+    static const char *wanted;
+    if (wanted == NULL)
+        wanted = getenv("FAKE_CUDA_INTERNAL_POINTERS") ? "1" : "";
+    if (*wanted == '\0')
+        return function;
+    if (function == (void *)cuMemAlloc)
+        return (void *)internal_cuMemAlloc;
+    if (function == (void *)cuMemAlloc_v2)
+        return (void *)internal_cuMemAlloc_v2;
+    if (function == (void *)cuLaunchKernel_ptsz)
+        return (void *)internal_cuLaunchKernel_ptsz;
+    return function;
+}
+
 static CUresult lookup(const char *symbol, void **pfn, int version, cuuint64_t flags,
                        CUdriverProcAddressQueryResult *status) {
     if (symbol == NULL || pfn == NULL)
@@ -701,7 +731,7 @@ static CUresult lookup(const char *symbol, void **pfn, int version, cuuint64_t f
             (p->since == best->since && p->per_thread))
             best = p;
     }
-    *pfn = best ? best->function : NULL;
+    *pfn = best ? internal(best->function) : NULL;
     if (status)
         *status = best ? CU_GET_PROC_ADDRESS_SUCCESS
                   : known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT

@@ -3,6 +3,7 @@ function, and a refused request never reaches the driver."""
 
 import pytest
 
+from gpushare.isolation.interposer.region import Region
 from tests.fakecuda import GIB, MIB, Container, uuid
 
 MODES = ("link", "dlsym", "getproc")
@@ -130,3 +131,21 @@ def test_a_gpu_the_container_does_not_list_is_not_capped(container: Container) -
     lines = container.probe("link", "init", "1", "alloc", "mem", str(3 * GIB))
 
     assert results(lines, "alloc")[0]["rc"] == "0"
+
+
+@pytest.mark.parametrize("kind", ["mem_v1", "mem"])
+def test_a_driver_handing_out_internal_entry_points_is_still_capped(
+    container: Container, kind: str
+) -> None:
+    # The pointers match no export: the hook is found by the name, version and flags asked.
+    container.extra = {"FAKE_CUDA_INTERNAL_POINTERS": "1"}
+    lines = container.probe(
+        "getproc", "init", "0", "alloc", kind, str(768 * MIB), "alloc", kind, str(512 * MIB),
+        "launch", "kernel_ptsz", "0", "calls", CAPPED[kind],
+    )  # fmt: skip
+
+    assert [a["rc"] for a in results(lines, "alloc")] == ["0", OUT_OF_MEMORY]
+    assert results(lines, "calls")[0]["count"] == "1"
+    assert results(lines, "launch")[0]["rc"] == "0"
+    with Region.open(container.region) as region:  # type: ignore[arg-type]
+        assert region.gpus()[0].launches == 1  # the launch went through the hook

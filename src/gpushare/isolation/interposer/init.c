@@ -38,7 +38,7 @@ const int gs_symbol_count = sizeof gs_symbols / sizeof gs_symbols[0];
 struct gs_state gs = {0, 1};
 static struct gs_config config;
 static int ordinal_mapping; /* NVIDIA_VISIBLE_DEVICES gave no UUIDs: device i is entry i */
-static volatile int forked;
+static int forked; /* set in a forked child until its first hooked call */
 
 uint64_t gs_now_ns(void) {
     struct timespec t; /* vDSO: no system call */
@@ -104,7 +104,7 @@ static void read_config(void) {
 }
 
 static void on_fork_child(void) {
-    forked = 1;
+    __atomic_store_n(&forked, 1, __ATOMIC_RELEASE);
     if (gs.active) {
         gs_region_forked();
         gs_memory_forked();
@@ -147,8 +147,8 @@ static void resolve_nvml(void) { resolve(GS_NVML, "libnvidia-ml.so.1"); }
 
 static void enter(void) {
     pthread_once(&config_once, initialise);
-    if (UNLIKELY(forked)) {
-        forked = 0;
+    /* One thread of a forked child takes its slot, however many race here. */
+    if (UNLIKELY(forked) && __atomic_exchange_n(&forked, 0, __ATOMIC_ACQ_REL)) {
         if (gs.active && gs_region_attach() != 0)
             gs.active = 0;
     }

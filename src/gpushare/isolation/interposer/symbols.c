@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "hooks.h"
@@ -46,36 +47,45 @@ __attribute__((visibility("hidden"))) void *gs_dlsym_hook(void *handle, const ch
     return symbol->hook;
 }
 
-/* Among the hooks, the one whose real function is `real` (or that is `real`); else the one of the same
- * base name (suffixes _vN, _ptsz, _ptds aside) if exactly one hook has it. */
-static void *hook_for(const char *symbol, void *real) {
-    for (int i = 0; i < gs_symbol_count; i++)
-        if (gs_symbols[i].hook && (*gs_symbols[i].real == real || gs_symbols[i].hook == real))
-            return gs_symbols[i].hook; /* a driver may hand out its exports, ours by then */
-    size_t length = strlen(symbol);
-    void *only = NULL;
-    int matches = 0;
-    for (int i = 0; i < gs_symbol_count; i++) {
-        const char *name = gs_symbols[i].name;
-        if (gs_symbols[i].family != GS_CUDA || !gs_symbols[i].hook ||
-            strncmp(name, symbol, length) != 0)
-            continue;
-        const char *rest = name + length;
-        if (*rest == '\0' || (rest[0] == '_' && (rest[1] == 'v' || rest[1] == 'p')))
-            only = gs_symbols[i].hook, matches++;
-    }
-    if (matches == 1)
-        return only;
-    if (matches > 1)
-        gs_log(1, "cuGetProcAddress(%s) gave a function none of the hooks knows: not hooked",
-               symbol);
-    return NULL;
+static void *hook_named(const char *name) {
+    const struct gs_symbol *symbol = gs_symbol_named(name);
+    return symbol && symbol->family == GS_CUDA ? symbol->hook : NULL;
 }
 
-static void wrap(const char *symbol, void **pfn) {
+/* The export a CUDA 12 driver means by (base name, version, flags), among the hooked ones:
+ * the per-thread-stream form when asked and hooked, else _v2 from the version it
+ * appeared in (3.2 for the memory calls, 12.0 for cuGetProcAddress), else the base. */
+static void *hook_by_name(const char *symbol, int cuda_version, cuuint64_t flags) {
+    char name[128];
+    void *hook;
+    if (strlen(symbol) > sizeof name - 8)
+        return NULL;
+    if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+        snprintf(name, sizeof name, "%s_ptsz", symbol);
+        if ((hook = hook_named(name)))
+            return hook;
+    }
+    int v2_since = strcmp(symbol, "cuGetProcAddress") == 0 ? 12000 : 3020;
+    snprintf(name, sizeof name, "%s_v2", symbol);
+    if (cuda_version >= v2_since && (hook = hook_named(name)))
+        return hook;
+    return hook_named(symbol);
+}
+
+/* The hook for what the driver handed out: by pointer (one of the real functions, or a
+ * hook already, when the driver hands out its exports and ours interpose), else by the
+ * name the caller asked for. NULL: not a hooked function. */
+static void *hook_for(const char *symbol, void *real, int cuda_version, cuuint64_t flags) {
+    for (int i = 0; i < gs_symbol_count; i++)
+        if (gs_symbols[i].hook && (*gs_symbols[i].real == real || gs_symbols[i].hook == real))
+            return gs_symbols[i].hook;
+    return hook_by_name(symbol, cuda_version, flags);
+}
+
+static void wrap(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags) {
     if (*pfn == NULL)
         return;
-    void *hook = hook_for(symbol, *pfn);
+    void *hook = hook_for(symbol, *pfn, cuda_version, flags);
     if (hook)
         *pfn = hook;
 }
@@ -87,7 +97,7 @@ EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_versio
         return CUDA_ERROR_NOT_FOUND;
     CUresult rc = real_cuGetProcAddress(symbol, pfn, cuda_version, flags);
     if (rc == CUDA_SUCCESS && symbol && pfn)
-        wrap(symbol, pfn);
+        wrap(symbol, pfn, cuda_version, flags);
     return rc;
 }
 
@@ -98,6 +108,6 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_ver
         return CUDA_ERROR_NOT_FOUND;
     CUresult rc = real_cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, status);
     if (rc == CUDA_SUCCESS && symbol && pfn)
-        wrap(symbol, pfn);
+        wrap(symbol, pfn, cuda_version, flags);
     return rc;
 }

@@ -44,7 +44,7 @@ static void init_header(struct gs_region *r, const struct gs_config *config) {
 
 /* A region another process is creating: wait (2 s at most) for its size, then its magic. */
 static struct gs_region *map_existing(int fd) {
-    struct stat st;
+    struct stat st = {0};
     for (int waited = 0; waited < 2000; waited++) {
         if (fstat(fd, &st) == 0 && st.st_size >= (off_t)sizeof(struct gs_region))
             break;

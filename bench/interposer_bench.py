@@ -1,0 +1,84 @@
+"""CUDA interposer: the cost libgpushare-cuda.so adds to an allocation, a free and a
+launch, at p50 and p99, measured call by call (bench/interposer_bench.c) with and
+without the library preloaded (a region, a cap far above what is used, the gate open).
+
+By default over the fake driver (tests/fakecuda), where the driver itself costs almost
+nothing, so the difference is the interposer's own path; with --real over the machine's
+libcuda.so.1 and GPU 0 (an empty PTX kernel).
+Run: .venv/bin/python bench/interposer_bench.py [--real] [--iterations N]
+"""
+
+import argparse
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from gpushare.isolation.interposer.build import build_library, compiler
+from gpushare.table import render
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE_SOURCE = ROOT / "tests" / "fakecuda" / "fakecuda.c"
+HARNESS_SOURCE = Path(__file__).with_name("interposer_bench.c")
+FAKE_UUID = "GPU-00000000-0000-4000-8000-000000000000"
+Timings = dict[str, tuple[int, int]]
+
+
+def build(directory: Path, real: bool) -> tuple[Path, Path]:
+    """The harness and the interposer; the fake libcuda.so.1 too unless `real`."""
+    from gpushare.isolation.interposer.build import SOURCE_DIRECTORY
+
+    harness = directory / "interposer_bench"
+    cc = compiler()
+    subprocess.run([*cc, "-O2", "-o", str(harness), str(HARNESS_SOURCE), "-ldl"], check=True)
+    if not real:
+        subprocess.run(
+            [*cc, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-Bsymbolic",
+             f"-I{SOURCE_DIRECTORY}", "-o", str(directory / "libcuda.so.1"), str(FAKE_SOURCE),
+             "-lpthread"],
+            check=True,
+        )  # fmt: skip
+    return harness, build_library(directory)
+
+
+def run(harness: Path, iterations: int, env: dict[str, str]) -> Timings:
+    out = subprocess.run(
+        [str(harness), str(iterations)], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    rows = (line.split() for line in out.splitlines())
+    return {call: (int(p50), int(p99)) for call, p50, p99 in rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--real", action="store_true", help="the machine's libcuda.so.1, GPU 0")
+    parser.add_argument("--iterations", type=int, default=100_000, help="calls timed per kind")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="interposer-bench-") as temporary:
+        directory = Path(temporary)
+        harness, library = build(directory, args.real)
+        plain = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
+        if not args.real:
+            plain["LD_LIBRARY_PATH"] = f"{directory}:{plain.get('LD_LIBRARY_PATH', '')}"
+            plain["FAKE_CUDA_DEVICES"] = f"{FAKE_UUID}:{1 << 40}"
+        hooked = plain | {
+            "LD_PRELOAD": str(library),
+            "GPUSHARE_CUDA_REGION": str(directory / "region"),
+            "ALIYUN_COM_GPU_MEM_CONTAINER": "1000",
+            "NVIDIA_VISIBLE_DEVICES": "all" if args.real else FAKE_UUID,
+        }
+        without = run(harness, args.iterations, plain)
+        with_library = run(harness, args.iterations, hooked)
+    rows = [
+        [call, *map(str, without[call]), *map(str, with_library[call]),
+         str(with_library[call][0] - without[call][0]),
+         str(with_library[call][1] - without[call][1])]
+        for call in without
+    ]  # fmt: skip
+    driver = "the machine's libcuda" if args.real else "the fake driver"
+    print(f"libgpushare-cuda.so on {driver}, {args.iterations:,} calls each, ns")
+    print(render(["call", "p50", "p99", "p50 hooked", "p99 hooked", "+p50", "+p99"], rows))
+
+
+if __name__ == "__main__":
+    main()

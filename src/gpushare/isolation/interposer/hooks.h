@@ -1,0 +1,76 @@
+/*
+ * What the parts of libgpushare-cuda.so share: the hooked prototypes and real-function
+ * pointers generated from hooks.def, lazy initialisation, logging, the device map.
+ */
+#ifndef GPUSHARE_HOOKS_H
+#define GPUSHARE_HOOKS_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "cuda_abi.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* One typedef, one exported prototype and one real pointer per table entry. */
+#define CUDA_HOOK(name, params)              \
+    typedef CUresult(*name##_fn) params;     \
+    EXPORT CUresult name params;             \
+    extern name##_fn real_##name;
+#define CUDA_REAL(name, params)          \
+    typedef CUresult(*name##_fn) params; \
+    extern name##_fn real_##name;
+#define NVML_HOOK(name, params)              \
+    typedef nvmlReturn_t(*name##_fn) params; \
+    EXPORT nvmlReturn_t name params;         \
+    extern name##_fn real_##name;
+#define NVML_REAL(name, params)              \
+    typedef nvmlReturn_t(*name##_fn) params; \
+    extern name##_fn real_##name;
+#include "hooks.def"
+
+enum gs_family { GS_CUDA, GS_NVML };
+
+struct gs_symbol {
+    const char *name;
+    void *hook;  /* NULL for a CUDA_REAL / NVML_REAL entry */
+    void **real; /* where its real pointer is kept */
+    enum gs_family family;
+};
+extern const struct gs_symbol gs_symbols[];
+extern const int gs_symbol_count;
+
+/* Process state, set once by gs_enter()'s initialisation. */
+struct gs_state {
+    int active;    /* a region is mapped: caps and gates apply */
+    int log_level; /* GPUSHARE_CUDA_LOG: 0 silent .. 3 every decision */
+};
+extern struct gs_state gs;
+
+/* Every hook starts here: reads the environment and resolves the real driver on the
+ * first call, reattaches a forked child; afterwards one load and a branch. */
+void gs_enter_cuda(void);
+void gs_enter_nvml(void);
+
+void gs_log(int level, const char *format, ...) __attribute__((format(printf, 2, 3)));
+
+/* The region GPU index of a CUDA device / NVML handle, or -1: not one of the container's
+ * (nothing to enforce on it). */
+int gs_gpu_of_device(CUdevice device);
+int gs_gpu_of_nvml(nvmlDevice_t device);
+
+/* The calling thread's current device, as the driver says. */
+CUresult gs_current_device(CUdevice *device);
+
+/* The real dlsym (glibc's), found on first use. */
+extern void *(*gs_real_dlsym)(void *, const char *);
+void gs_resolve_dlsym(void);
+const struct gs_symbol *gs_symbol_named(const char *name);
+
+uint64_t gs_now_ns(void);
+
+/* In a forked child: forget the parent's allocations (they are not the child's). */
+void gs_memory_forked(void);
+
+#endif

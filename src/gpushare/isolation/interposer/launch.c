@@ -1,0 +1,92 @@
+/*
+ * Launch pacing: the agent opens and closes each GPU's gate in the region; a launch on
+ * a GPU whose gate is closed waits until it opens. The open path is one atomic load
+ * after the counters; nothing here makes a system call unless the launch is held.
+ */
+#define _GNU_SOURCE
+#include <time.h>
+
+#include "hooks.h"
+#include "region.h"
+
+#define HOLD_POLL_NS 200000L /* how often a held launch looks at its gate again */
+
+static void hold_until_open(struct gs_gpu *g) {
+    uint64_t since = gs_now_ns();
+    __atomic_fetch_add(&g->launches_held, 1, __ATOMIC_RELAXED);
+    struct timespec poll = {0, HOLD_POLL_NS};
+    while (__atomic_load_n(&g->gate, __ATOMIC_ACQUIRE) == 0)
+        nanosleep(&poll, NULL);
+    __atomic_fetch_add(&g->held_ns, gs_now_ns() - since, __ATOMIC_RELAXED);
+}
+
+static void gate(void) {
+    gs_enter_cuda();
+    if (!gs.active)
+        return;
+    CUdevice device;
+    if (gs_current_device(&device) != CUDA_SUCCESS)
+        return; /* the driver refuses the launch itself */
+    int gpu = gs_gpu_of_device(device);
+    if (gpu < 0)
+        return;
+    struct gs_gpu *g = &gs_region->gpus[gpu];
+    uint64_t now = gs_now_ns();
+    __atomic_fetch_add(&g->launches, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->last_launch_ns, now, __ATOMIC_RELAXED);
+    __atomic_store_n(&gs_region->heartbeat_ns, now, __ATOMIC_RELAXED);
+    if (UNLIKELY(__atomic_load_n(&g->gate, __ATOMIC_ACQUIRE) == 0))
+        hold_until_open(g);
+}
+
+#define LAUNCH(name, ...)                                                      \
+    do {                                                                       \
+        gate();                                                                \
+        return real_##name ? real_##name(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND;  \
+    } while (0)
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                               unsigned int bx, unsigned int by, unsigned int bz,
+                               unsigned int shared, CUstream stream, void **params,
+                               void **extra) {
+    LAUNCH(cuLaunchKernel, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+}
+
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+                                    unsigned int gz, unsigned int bx, unsigned int by,
+                                    unsigned int bz, unsigned int shared, CUstream stream,
+                                    void **params, void **extra) {
+    LAUNCH(cuLaunchKernel_ptsz, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+}
+
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
+                                 void **extra) {
+    LAUNCH(cuLaunchKernelEx, config, f, params, extra);
+}
+
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params,
+                                      void **extra) {
+    LAUNCH(cuLaunchKernelEx_ptsz, config, f, params, extra);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
+                                          unsigned int gz, unsigned int bx, unsigned int by,
+                                          unsigned int bz, unsigned int shared, CUstream stream,
+                                          void **params) {
+    LAUNCH(cuLaunchCooperativeKernel, f, gx, gy, gz, bx, by, bz, shared, stream, params);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+                                               unsigned int gz, unsigned int bx, unsigned int by,
+                                               unsigned int bz, unsigned int shared,
+                                               CUstream stream, void **params) {
+    LAUNCH(cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz, shared, stream, params);
+}
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+    LAUNCH(cuGraphLaunch, exec, stream);
+}
+
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
+    LAUNCH(cuGraphLaunch_ptsz, exec, stream);
+}

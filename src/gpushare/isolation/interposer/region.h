@@ -1,0 +1,84 @@
+/*
+ * The region: one file per container, mmap'd MAP_SHARED by every process of it that
+ * uses CUDA, and read/written by the node's isolation agent (region.py mirrors it).
+ *
+ * Memory accounting is exact across processes: a process-shared robust mutex guards
+ * the check of a request against the cap together with its reservation, and is held
+ * for nothing else (never across a driver call). Each process owns one slot; it holds
+ * an OFD lock on the slot's first byte for as long as it lives, so a reaper (a library
+ * process or the agent, in any pid namespace) tells a dead owner by F_OFD_GETLK finding
+ * the byte unlocked, and gives its bytes back.
+ *
+ * Compute: the agent writes each GPU's gate (1 open, 0 hold) and share target; the
+ * library counts launches, held launches and the time they were held.
+ */
+#ifndef GPUSHARE_REGION_H
+#define GPUSHARE_REGION_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GS_REGION_MAGIC 0x31524853555047ULL /* "GPUSHR1" little-endian */
+#define GS_LAYOUT_VERSION 1u
+#define GS_MAX_GPUS 16
+#define GS_MAX_SLOTS 1024
+#define GS_UUID_BYTES 64
+
+struct gs_gpu {
+    char uuid[GS_UUID_BYTES]; /* "GPU-..." from NVIDIA_VISIBLE_DEVICES; "" maps by ordinal */
+    uint64_t cap_bytes;       /* 0: no cap */
+    uint64_t used_bytes;      /* the sum of the slots' used[] for this GPU */
+    uint32_t gate;            /* agent: 1 launches go, 0 they wait */
+    uint32_t share_percent;   /* agent: the compute share it aims at (informational) */
+    uint64_t launches;        /* library: launches made on this GPU */
+    uint64_t launches_held;   /* library: of those, how many waited at a closed gate */
+    uint64_t held_ns;         /* library: the time they waited, summed */
+    uint64_t last_launch_ns;  /* library: CLOCK_MONOTONIC of the latest launch */
+} __attribute__((aligned(64)));
+
+struct gs_slot {
+    int32_t pid;        /* in the owner's pid namespace; 0: free */
+    uint32_t reserved;
+    uint64_t attached_ns; /* CLOCK_MONOTONIC when taken */
+    uint64_t used[GS_MAX_GPUS];
+} __attribute__((aligned(64)));
+
+struct gs_region {
+    uint64_t magic; /* written last, with release semantics, by the creator */
+    uint32_t layout_version;
+    uint32_t gpu_count;
+    uint32_t slot_count;
+    uint32_t attached; /* processes holding a slot now */
+    uint64_t created_ns;
+    uint64_t heartbeat_ns; /* CLOCK_MONOTONIC of the latest attach, allocation or launch */
+    union {
+        pthread_mutex_t mutex; /* process-shared, robust */
+        char mutex_space[64];
+    } lock;
+    struct gs_gpu gpus[GS_MAX_GPUS];
+    struct gs_slot slots[GS_MAX_SLOTS];
+};
+
+struct gs_config {
+    unsigned gpu_count;
+    char uuid[GS_MAX_GPUS][GS_UUID_BYTES];
+    uint64_t cap_bytes[GS_MAX_GPUS];
+};
+
+extern struct gs_region *gs_region;
+
+/* Maps (creating if first) the region at `path`; 0 on success. */
+int gs_region_open(const char *path, const struct gs_config *config);
+/* Takes a slot for this process (again after fork); 0 on success. */
+int gs_region_attach(void);
+/* Gives this process's slot back, with what it still holds. */
+void gs_region_detach(void);
+/* Reserves `bytes` on GPU `gpu` for this process if the cap allows (after reaping dead
+ * processes once when it does not); 1 reserved, 0 refused. */
+int gs_reserve(int gpu, uint64_t bytes);
+void gs_unreserve(int gpu, uint64_t bytes);
+/* After fork: the child's next hooked call takes a slot of its own. */
+void gs_region_forked(void);
+
+#endif

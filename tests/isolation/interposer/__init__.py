@@ -1,0 +1,1 @@
+"""libgpushare-cuda.so against the fake driver (tests/fakecuda), one process per case."""

@@ -34,7 +34,7 @@ def test_a_launch_waits_while_its_gpus_gate_is_closed(
     container: Container, mode: str, kind: str
 ) -> None:
     with created(container) as region:
-        region.set_gate(0, open=False)
+        region.set_gate(0, open=False, for_s=WAIT)
         launcher = container.start_probe(mode, "init", "0", "launch", kind, "100")
         eventually(lambda: region.gpus()[0].launches_held == 1)
         time.sleep(0.2)
@@ -61,10 +61,26 @@ def test_launches_are_never_held_when_no_agent_wrote_the_gate(container: Contain
         assert before < region.heartbeat_ns <= time.monotonic_ns()
 
 
+def test_a_gate_the_agent_stopped_writing_opens_by_itself(container: Container) -> None:
+    """An agent that died must not hold a container's launches for ever: a closed gate
+    holds for the time it was closed for, then launches go."""
+    with created(container) as region:
+        region.set_gate(0, open=False, for_s=0.5)
+        started = time.monotonic()
+        lines = container.probe("link", "init", "0", "launch", "kernel", "10")
+        took = time.monotonic() - started
+        gpu = region.gpus()[0]
+
+    assert [line["rc"] for line in lines if line["op"] == "launch"] == ["0"]
+    assert not gpu.gate_open and gpu.launches == 1
+    assert took < 0.5 + WAIT / 2
+    assert gpu.launches_held <= 1 and gpu.held_ns <= 600_000_000
+
+
 def test_a_closed_gate_holds_only_its_own_gpu(container: Container) -> None:
     container.devices = ((uuid(1), 4 * GIB), (uuid(2), 4 * GIB))
     with created(container) as region:
-        region.set_gate(1, open=False)
+        region.set_gate(1, open=False, for_s=WAIT)
         lines = container.probe("link", "init", "0", "launch", "kernel", "10")
         region.set_gate(1, open=True)
         gpus = region.gpus()

@@ -1,6 +1,7 @@
 /*
  * Launch pacing: the agent opens and closes each GPU's gate in the region; a launch on
- * a GPU whose gate is closed waits until it opens. The open path is one atomic load
+ * a GPU whose gate is closed waits until it opens, or until the time the agent closed it
+ * for has passed (an agent that died must not hold a container's launches for ever). The open path is one atomic load
  * after the counters; nothing here makes a system call unless the launch is held.
  */
 #define _GNU_SOURCE
@@ -11,13 +12,21 @@
 
 #define HOLD_POLL_NS 200000L /* how often a held launch looks at its gate again */
 
-static void hold_until_open(struct gs_gpu *g) {
-    uint64_t since = gs_now_ns();
+/* Closed, and the agent's word on it still stands. */
+static int closed(struct gs_gpu *g, uint64_t now) {
+    return __atomic_load_n(&g->gate, __ATOMIC_ACQUIRE) == 0 &&
+           now < __atomic_load_n(&g->gate_until_ns, __ATOMIC_ACQUIRE);
+}
+
+static void hold_until_open(struct gs_gpu *g, uint64_t since) {
     __atomic_fetch_add(&g->launches_held, 1, __ATOMIC_RELAXED);
     struct timespec poll = {0, HOLD_POLL_NS};
-    while (__atomic_load_n(&g->gate, __ATOMIC_ACQUIRE) == 0)
+    uint64_t now = since;
+    while (closed(g, now)) {
         nanosleep(&poll, NULL);
-    __atomic_fetch_add(&g->held_ns, gs_now_ns() - since, __ATOMIC_RELAXED);
+        now = gs_now_ns();
+    }
+    __atomic_fetch_add(&g->held_ns, now - since, __ATOMIC_RELAXED);
 }
 
 static void gate(void) {
@@ -35,8 +44,8 @@ static void gate(void) {
     __atomic_fetch_add(&g->launches, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&g->last_launch_ns, now, __ATOMIC_RELAXED);
     __atomic_store_n(&gs_region->heartbeat_ns, now, __ATOMIC_RELAXED);
-    if (UNLIKELY(__atomic_load_n(&g->gate, __ATOMIC_ACQUIRE) == 0))
-        hold_until_open(g);
+    if (UNLIKELY(__atomic_load_n(&g->gate, __ATOMIC_ACQUIRE) == 0) && closed(g, now))
+        hold_until_open(g, now);
 }
 
 #define LAUNCH(name, ...)                                                      \

@@ -283,7 +283,7 @@ static const struct gs_layout_field layout[] = {
     {"gs_gpu", 0, sizeof(struct gs_gpu)},
     FIELD(gs_gpu, uuid), FIELD(gs_gpu, cap_bytes), FIELD(gs_gpu, used_bytes),
     FIELD(gs_gpu, gate), FIELD(gs_gpu, share_percent), FIELD(gs_gpu, launches),
-    FIELD(gs_gpu, launches_held), FIELD(gs_gpu, held_ns), FIELD(gs_gpu, last_launch_ns),
+    FIELD(gs_gpu, launches_held), FIELD(gs_gpu, held_ns), FIELD(gs_gpu, last_launch_ns), FIELD(gs_gpu, gate_until_ns),
     {"gs_slot", 0, sizeof(struct gs_slot)},
     FIELD(gs_slot, pid), FIELD(gs_slot, reserved), FIELD(gs_slot, attached_ns),
     FIELD(gs_slot, used),

@@ -35,6 +35,8 @@ struct gs_gpu {
     uint64_t launches_held;   /* library: of those, how many waited at a closed gate */
     uint64_t held_ns;         /* library: the time they waited, summed */
     uint64_t last_launch_ns;  /* library: CLOCK_MONOTONIC of the latest launch */
+    uint64_t gate_until_ns;   /* agent: a closed gate holds until then (CLOCK_MONOTONIC), so
+                                 launches flow again when the agent stops writing it */
 } __attribute__((aligned(64)));
 
 struct gs_slot {

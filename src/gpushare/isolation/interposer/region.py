@@ -17,6 +17,7 @@ import fcntl
 import mmap
 import os
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -27,6 +28,8 @@ LAYOUT_VERSION: Final = 1
 MAX_GPUS: Final = 16
 MAX_SLOTS: Final = 1024
 UUID_BYTES: Final = 64
+CLOSED_FOR_S: Final = 1.0
+"""How long a gate closed by `set_gate` holds at most without being written again."""
 
 
 class GpuRecord(ctypes.Structure):
@@ -42,7 +45,7 @@ class GpuRecord(ctypes.Structure):
         ("launches_held", ctypes.c_uint64),
         ("held_ns", ctypes.c_uint64),
         ("last_launch_ns", ctypes.c_uint64),
-        ("_align", ctypes.c_uint8 * 8),
+        ("gate_until_ns", ctypes.c_uint64),
     ]
 
 
@@ -205,9 +208,14 @@ class Region:
             if slot.pid != 0
         ]
 
-    def set_gate(self, gpu: int, *, open: bool) -> None:
-        """1: the container's launches on `gpu` go; 0: they wait until it opens."""
-        self._gpu(gpu).gate = 1 if open else 0
+    def set_gate(self, gpu: int, *, open: bool, for_s: float = CLOSED_FOR_S) -> None:
+        """Open: the container's launches on `gpu` go. Closed: they wait until it opens
+        again, for `for_s` seconds at most, so that launches flow again by themselves
+        when the agent stops writing the gate."""
+        record = self._gpu(gpu)
+        if not open:
+            record.gate_until_ns = time.monotonic_ns() + int(for_s * 1e9)
+        record.gate = 1 if open else 0
 
     def set_share(self, gpu: int, percent: int) -> None:
         if not 0 <= percent <= 100:

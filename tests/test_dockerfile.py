@@ -90,9 +90,9 @@ def test_builds_wheels_in_one_stage_and_runs_on_slim_python_in_another(stages):
 
 def test_builder_copies_everything_the_package_needs(stages):
     copied = {source for copy in stages[0].args("COPY") for source in copy.split()[:-1]}
-    assert {"pyproject.toml", "README.md", "src"} <= copied
+    assert {"pyproject.toml", "setup.py", "README.md", "src"} <= copied
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
-    for needed in ("pyproject.toml", "README.md", "src/"):
+    for needed in ("pyproject.toml", "setup.py", "README.md", "src/"):
         assert f"!{needed}" in ignore
 
 

@@ -1,6 +1,7 @@
 """`pip install` adds one top-level package, `gpushare`, holding every module of src/;
 the import contracts cover the whole core."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     for tree in ("src", "examples", "data"):
         shutil.copytree(ROOT / tree, source / tree, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))  # fmt: skip
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, source / name)
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
@@ -126,3 +127,13 @@ def test_the_simulators_default_trace_ships_in_the_wheel(installed: Path):
     listed = _run_installed(installed, "-c", probe)
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.split() == ["openb_node_list_gpu_node.csv", "openb_pod_list_default.csv"]
+
+
+def test_the_wheel_carries_the_built_cuda_interposer_for_its_platform(wheel: zipfile.ZipFile):
+    library = "gpushare/isolation/interposer/libgpushare-cuda.so"
+    assert wheel.read(library)[:4] == b"\x7fELF"
+    assert "gpushare/isolation/interposer/hooks.def" in wheel.namelist()
+    name = Path(str(wheel.filename)).name
+    assert name.startswith("kube_gpushare-") and name.endswith(
+        f"-py3-none-linux_{os.uname().machine}.whl"
+    )

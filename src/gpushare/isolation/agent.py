@@ -7,9 +7,11 @@ allocation seen in one tick is acted on in that same tick:
 1. observe the GPU processes through the backend and group them by container;
 2. update each container's activity and GPU time from the utilisation seen (roster);
 3. apply writes found in the control tree, refused ones are put back (settings);
-4. act on containers over their memory cap: kill the offender, or report (memory);
-5. decide the slice on each GPU and freeze every container that may not run
-   (slicer: a container on several GPUs runs only when all of them let it);
+4. act on containers over their memory cap: kill the offender, or report (memory) —
+   except those under the CUDA interposer, whose memory is refused at the call;
+5. decide the slice on each GPU; hold the launches of containers under the interposer
+   at each GPU's gate in their region (pacing), and freeze every other container that
+   may not run (slicer: a container on several GPUs runs only when all of them let it);
 6. publish the control tree (treeview, then the codec) and the metrics.
 
 The agent only wires these parts together and keeps the loop's timing.
@@ -18,13 +20,16 @@ The agent only wires these parts together and keeps the loop's timing.
 import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
+from gpushare.isolation import slicer
 from gpushare.isolation.backends.port import GpuBackend
 from gpushare.isolation.clock import Clock
 from gpushare.isolation.control import ControlTree
 from gpushare.isolation.memory import MemoryAction, MemoryCapEnforcer
 from gpushare.isolation.metrics import AgentMetrics
+from gpushare.isolation.pacing import RegionPacer
 from gpushare.isolation.policy import DEFAULT_MAX_INST, DEFAULT_PRIO_RATIO, GpuSettings, Policy
 from gpushare.isolation.roster import ContainerRoster
 from gpushare.isolation.settings import SettingsStore
@@ -51,6 +56,9 @@ class AgentConfig:
     forget_after_s: float = 30.0
     """How long a container stays known (and keeps its weight) after its last GPU process."""
     util_window_s: float = 5.0
+    interposer_dir: Path | None = None
+    """The node's interposer directory, whose regions/ hold the containers' regions; None:
+    no container runs under the CUDA interposer (pacing.py)."""
 
 
 class IsolationAgent:
@@ -83,7 +91,18 @@ class IsolationAgent:
         )
         self._memory = MemoryCapEnforcer(config.memory_action, backend.kill, self.metrics)
         self._slicer = NodeSlicer(gpus, config.slice_s, clock.now)
-        self._view = TreeView(config.version, devices, self._settings, self._roster, self._memory)
+        self._pacer = (
+            RegionPacer(config.interposer_dir, config.slice_s) if config.interposer_dir else None
+        )
+        self._interposed: frozenset[str] = frozenset()
+        self._view = TreeView(
+            config.version,
+            devices,
+            self._settings,
+            self._roster,
+            self._memory,
+            interposed=lambda key: key in self._interposed,
+        )
         self._gpus = gpus
         self._frozen: frozenset[str] = frozenset()
         self._last_tick: float | None = None
@@ -105,6 +124,8 @@ class IsolationAgent:
                     due = self._clock.now()
                 self._clock.sleep(max(0.0, delay))
         finally:
+            if self._pacer is not None:
+                self._pacer.close()
             self._backend.close()
 
     def _tick_or_thaw(self) -> None:
@@ -118,6 +139,8 @@ class IsolationAgent:
             self._failing = str(err)
             try:
                 self._backend.hold(frozenset())
+                if self._pacer is not None:
+                    self._pacer.release()
             except Exception:
                 log.debug("thawing after a failed tick failed too", exc_info=True)
             self._frozen = frozenset()
@@ -146,14 +169,20 @@ class IsolationAgent:
             for write in self._tree.poll(read_only_too=refresh):
                 if not self._settings.apply(write):
                     self.metrics.refused_writes.labels(self.metrics.node, write.name).inc()
-            self._memory.enforce(observed)
-            frozen = self._slicer.frozen(
+            interposed = self._pacer.interposed(observed) if self._pacer else frozenset()
+            self._interposed = interposed
+            self._memory.enforce({k: c for k, c in observed.items() if k not in interposed})
+            held = self._slicer.held(
                 {
                     gpu: (self._settings.settings(gpu), tenants(gpu, self._settings, self._roster))
                     for gpu in self._gpus
                 }
             )
-            self._backend.hold(frozen)
+            if self._pacer is not None:
+                self._pacer.pace(observed, interposed, held)
+            # Held either way: the roster reads a held container's quiet as no demand.
+            frozen = slicer.frozen(held)
+            self._backend.hold(frozen - interposed)
             self._count_throttled(elapsed)
             self._frozen = frozen
             content = self.content()

@@ -30,6 +30,8 @@ from gpushare.isolation.backends.port import GpuBackend
 from gpushare.isolation.backends.procfs import ProcessTable
 from gpushare.isolation.clock import Clock, SystemClock
 from gpushare.isolation.control import ControlTree
+from gpushare.isolation.interposer.build import BuildFailed, CompilerMissing
+from gpushare.isolation.interposer.install import install
 from gpushare.isolation.memory import MemoryAction
 from gpushare.isolation.metrics import AgentMetrics
 from gpushare.isolation.policy import (
@@ -135,7 +137,26 @@ def config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ag
         default_policy=policy,
         max_inst=max_inst,
         prio_ratio=prio_ratio,
+        interposer_dir=args.interposer_dir,
     )
+
+
+def install_interposer(directory: Path | None) -> str:
+    """Puts the CUDA interposer where Allocate mounts it from; what the start line says
+    of it. Without it the node still works: enforcement after the fact, logged why."""
+    if directory is None:
+        return "off"
+    try:
+        install(directory)
+    except (CompilerMissing, BuildFailed, OSError) as err:
+        log.error(
+            "the CUDA interposer is not installed in %s (%s): containers start without it, "
+            "memory caps are enforced after the fact and compute shares by freezing",
+            directory,
+            err,
+        )
+        return f"{directory} (not installed)"
+    return str(directory)
 
 
 def build_backend(args: argparse.Namespace, clock: Clock) -> GpuBackend:
@@ -190,7 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RuntimeError as err:
         log.error("cannot start: %s", err)
         return 2
-    log.info("%s", summary(args, config, backend))
+    interposer = install_interposer(args.interposer_dir)
+    log.info("%s interposer-dir=%s", summary(args, config, backend), interposer)
     metrics = AgentMetrics(node=args.node_name)
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.registry)

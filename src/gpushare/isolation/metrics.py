@@ -39,6 +39,14 @@ class AgentMetrics:
             _CONTAINER,
             registry=r,
         )
+        self.interposer = Gauge(
+            "gpushare_isolation_interposer",
+            "1 when a container runs under the CUDA interposer (memory refused at the call, "
+            "launches paced), 0 when the agent enforces after the fact (freezing, over-cap "
+            "action)",
+            _CONTAINER,
+            registry=r,
+        )
         self.throttled = Counter(
             "gpushare_isolation_throttled_seconds",
             "Time a container spent frozen by the time-slice scheduler",
@@ -73,7 +81,13 @@ class AgentMetrics:
 
     def publish(self, content: TreeContent) -> None:
         """Set the gauges from what the control tree shows, dropping gone containers."""
-        gauges = (self.memory_used, self.memory_cap, self.utilisation, self.compute_limit)
+        gauges = (
+            self.memory_used,
+            self.memory_cap,
+            self.utilisation,
+            self.compute_limit,
+            self.interposer,
+        )
         present: set[tuple[str, str, str, str]] = set()
         for gpu in content.gpus:
             self.policy.labels(self.node, str(gpu.index)).set(int(gpu.policy))
@@ -82,11 +96,12 @@ class AgentMetrics:
                 present.add(labels)
                 if labels not in self._series:
                     self._series[labels] = tuple(g.labels(*labels) for g in gauges)
-                used, cap, util, limit = self._series[labels]
+                used, cap, util, limit, interposer = self._series[labels]
                 used.set(c.mem_used)
                 cap.set(c.memsize)
                 util.set(c.util or 0.0)
                 limit.set(100.0 if c.limit is None else c.limit)
+                interposer.set(1 if c.interposer else 0)
         for labels in set(self._series) - present:
             for gauge in gauges:
                 gauge.remove(*labels)

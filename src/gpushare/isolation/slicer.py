@@ -17,15 +17,23 @@ class NodeSlicer:
     def __init__(self, gpus: Iterable[int], slice_s: float, now: Callable[[], float]) -> None:
         self._schedulers = {index: TimeSliceScheduler(slice_s, now) for index in gpus}
 
-    def frozen(self, gpus: Mapping[int, tuple[GpuSettings, Sequence[Tenant]]]) -> frozenset[str]:
-        """Containers that may not run in the coming slice on at least one of their GPUs;
+    def held(
+        self, gpus: Mapping[int, tuple[GpuSettings, Sequence[Tenant]]]
+    ) -> dict[int, frozenset[str]]:
+        """Per GPU, the containers its scheduler does not let run in the coming slice;
         `gpus`: each GPU's settings and tenants."""
-        frozen: set[str] = set()
+        held: dict[int, frozenset[str]] = {}
         for index, scheduler in self._schedulers.items():
             settings, tenants = gpus[index]
             decided = scheduler.next_slice(settings, tenants)
-            frozen.update(t.id for t in tenants if t.id not in decided.runs)
-        return frozenset(frozen)
+            held[index] = frozenset(t.id for t in tenants if t.id not in decided.runs)
+        return held
+
+
+def frozen(held: Mapping[int, frozenset[str]]) -> frozenset[str]:
+    """Containers to freeze: held on at least one of their GPUs (a frozen process cannot
+    run on the GPUs that let it either)."""
+    return frozenset().union(*held.values())
 
 
 def tenants(gpu: int, settings: SettingsStore, roster: ContainerRoster) -> list[Tenant]:

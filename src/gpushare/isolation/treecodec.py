@@ -5,6 +5,7 @@
     <gpu>/uuid  model  mem_total  util                          (gpushare, read-only)
     <gpu>/<container-id>/id  memsize  meminfo  weight  highprio  (cGPU)
     <gpu>/<container-id>/pod  container  util  limit  violations (gpushare, read-only)
+    <gpu>/<container-id>/interposer                              (gpushare, read-only)
 
 Each file holds one value and a newline; `meminfo` holds `Free: <bytes>` then
 one `PID: <pid> Mem: <bytes>` line per process, and `inst_ctl` one
@@ -54,6 +55,9 @@ class ContainerEntry:
     limit: float | None
     """Percent of the GPU its policy promises it while it has work; None if not time-sliced."""
     violations: int
+    interposer: bool | None = None
+    """It runs under the CUDA interposer (memory refused at the call, launches paced); False:
+    the agent enforces after the fact (freezing); None in a tree without gpushare's files."""
 
     @property
     def mem_used(self) -> int:
@@ -219,6 +223,7 @@ def _encode_container(c: ContainerEntry) -> dict[str, str]:
         "util": _line(_encode_percent(c.util)),
         "limit": _line(_encode_percent(c.limit)),
         "violations": _line(c.violations),
+        "interposer": _line(ABSENT if c.interposer is None else int(c.interposer)),
     }
 
 
@@ -236,6 +241,7 @@ def _decode_container(files: Mapping[str, str]) -> ContainerEntry:
         util=_optional(files, "util", _decode_percent, None),
         limit=_optional(files, "limit", _decode_percent, None),
         violations=_optional(files, "violations", int, 0),
+        interposer=_optional(files, "interposer", _decode_optional_flag, None),
     )
 
 
@@ -272,6 +278,10 @@ def _decode_flag(text: str) -> bool:
     if value not in ("0", "1"):
         raise ValueError(f"a flag is 0 or 1; got {value!r}")
     return value == "1"
+
+
+def _decode_optional_flag(text: str) -> bool | None:
+    return None if text.strip() == ABSENT else _decode_flag(text)
 
 
 def _line(value: object) -> str:

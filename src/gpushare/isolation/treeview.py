@@ -1,7 +1,7 @@
 """The tree view: what the control tree shows now, put together from the agent's parts
 (the GPUs, the roster, the settings and the memory caps); the codec turns it into files."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from gpushare.isolation.backends.port import GIB, GpuDevice
 from gpushare.isolation.memory import MemoryCapEnforcer
@@ -20,7 +20,9 @@ class TreeView:
         settings: SettingsStore,
         roster: ContainerRoster,
         memory: MemoryCapEnforcer,
+        interposed: Callable[[str], bool] = lambda key: False,
     ) -> None:
+        self._interposed = interposed
         self._version = version
         self._devices = devices
         self._settings = settings
@@ -83,4 +85,5 @@ class TreeView:
             util=usage.shown_util,
             limit=None if share is None else 100 * share,
             violations=self._memory.violations(key, index),
+            interposer=self._interposed(key),
         )

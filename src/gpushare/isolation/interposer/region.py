@@ -173,6 +173,10 @@ class Region:
         self.close()
 
     @property
+    def gpu_count(self) -> int:
+        return int(self.record.gpu_count)
+
+    @property
     def attached(self) -> int:
         """Processes of the container holding a slot now (dead ones until reaped)."""
         return int(self.record.attached)

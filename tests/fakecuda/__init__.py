@@ -200,6 +200,7 @@ class Container:
         return subprocess.Popen(
             [str(self.built.probe), mode, *commands],
             env=self.env(),
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -221,6 +222,7 @@ class Container:
         return subprocess.Popen(
             [sys.executable, "-c", code, *arguments],
             env=self.env(),
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

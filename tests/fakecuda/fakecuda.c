@@ -6,6 +6,8 @@
  *
  *   unsigned long long fakecuda_reached(int device)  bytes allocated on it now
  *   long fakecuda_calls(const char *function)         times that export was called
+ *   unsigned long long fakecuda_busy_ns(void)         time this process's kernels held
+ *                                                     their device (its "GPU time")
  *
  * Configuration, read at cuInit:
  *   FAKE_CUDA_DEVICES="GPU-<uuid>:BYTES,..."  the devices, in ordinal order (default: one
@@ -16,6 +18,8 @@
  *                                            cuLaunchKernel_ptsz, as a real driver may
  *   FAKE_CUDA_LOCKS=DIR                      serialise kernels per device across processes
  *                                            (flock on DIR/deviceN); else per process
+ *   FAKE_CUDA_KERNELS=sleep                  kernels sleep rather than busy-wait, leaving
+ *                                            the CPU to others (as a CPU waits on a GPU)
  *
  * Kernels take time: a launch busy-waits gridDimX microseconds (a graph launch, the
  * graph-exec handle's value in microseconds), one at a time per device.
@@ -122,7 +126,16 @@ static int parse_uuid(const char *text, CUuuid *uuid) {
     return 0;
 }
 
+static int sleeping_kernels;
+static uint64_t busy_ns;
+
+EXPORT unsigned long long fakecuda_busy_ns(void) {
+    return __atomic_load_n(&busy_ns, __ATOMIC_RELAXED);
+}
+
 static void configure(void) {
+    const char *kernels = getenv("FAKE_CUDA_KERNELS");
+    sleeping_kernels = kernels != NULL && strcmp(kernels, "sleep") == 0;
     const char *spec = getenv("FAKE_CUDA_DEVICES");
     if (spec == NULL || *spec == '\0')
         spec = "GPU-00000000-0000-0000-0000-000000000000:17179869184";
@@ -574,11 +587,21 @@ static CUresult run_kernel(uint64_t micros) {
         flock(d->lock_fd, LOCK_EX);
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
-    do
+    if (sleeping_kernels) {
+        struct timespec length = {(time_t)(micros / 1000000u), (long)(micros % 1000000u) * 1000L};
+        nanosleep(&length, NULL);
         clock_gettime(CLOCK_MONOTONIC, &now);
-    while ((uint64_t)(now.tv_sec - start.tv_sec) * 1000000u +
-               (uint64_t)((now.tv_nsec - start.tv_nsec) / 1000) <
-           micros);
+    } else {
+        do
+            clock_gettime(CLOCK_MONOTONIC, &now);
+        while ((uint64_t)(now.tv_sec - start.tv_sec) * 1000000u +
+                   (uint64_t)((now.tv_nsec - start.tv_nsec) / 1000) <
+               micros);
+    }
+    __atomic_fetch_add(&busy_ns,
+                       (uint64_t)(now.tv_sec - start.tv_sec) * 1000000000u +
+                           (uint64_t)(now.tv_nsec - start.tv_nsec),
+                       __ATOMIC_RELAXED);
     if (d->lock_fd >= 0)
         flock(d->lock_fd, LOCK_UN);
     pthread_mutex_unlock(&d->kernel);

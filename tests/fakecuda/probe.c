@@ -14,6 +14,8 @@
  *   reached DEVICE           the fake's bytes allocated on DEVICE
  *   calls FUNCTION           the fake's count of calls of FUNCTION
  *   sleep MS
+ *   wait                     read one line from standard input (a start signal)
+ *   loop KIND MICROS MS      launch kernels of MICROS by KIND, back to back, for MS
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -35,6 +37,7 @@ CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice device);
 unsigned long long fakecuda_reached(int device);
 long fakecuda_calls(const char *name);
+unsigned long long fakecuda_busy_ns(void);
 
 static const struct {
     const char *name;
@@ -48,6 +51,7 @@ static const struct {
     {"cuDeviceGetDefaultMemPool", (void *)cuDeviceGetDefaultMemPool},
     {"fakecuda_reached", (void *)fakecuda_reached},
     {"fakecuda_calls", (void *)fakecuda_calls},
+    {"fakecuda_busy_ns", (void *)fakecuda_busy_ns},
 };
 
 static const char *mode;
@@ -78,6 +82,7 @@ typedef CUresult (*cuDevicePrimaryCtxRetain_fn)(CUcontext *, CUdevice);
 typedef CUresult (*cuCtxSetCurrent_fn)(CUcontext);
 typedef unsigned long long (*fakecuda_reached_fn)(int);
 typedef long (*fakecuda_calls_fn)(const char *);
+typedef unsigned long long (*fakecuda_busy_ns_fn)(void);
 
 /* Allocation kinds: the export, and how cuGetProcAddress names it; the same for its free. */
 static const struct kind {
@@ -313,6 +318,27 @@ int main(int argc, char **argv) {
         } else if (strcmp(command, "calls") == 0) {
             i++;
             printf("calls function=%s count=%ld\n", arg, FIND(fakecuda_calls)(arg));
+        } else if (strcmp(command, "wait") == 0) {
+            char line[64];
+            if (!fgets(line, sizeof line, stdin))
+                return 3;
+            printf("waited\n");
+        } else if (strcmp(command, "loop") == 0) {
+            unsigned micros = (unsigned)atoi(argv[i + 2]);
+            double limit = atoi(argv[i + 3]) / 1e3, elapsed = 0;
+            struct timespec start, now;
+            clock_gettime(CLOCK_MONOTONIC, &start);
+            long n = 0;
+            while (elapsed < limit) {
+                if (launch(arg, micros) != 0)
+                    return 4;
+                n++;
+                clock_gettime(CLOCK_MONOTONIC, &now);
+                elapsed = (double)(now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9;
+            }
+            printf("loop kind=%s launches=%ld seconds=%.6f busy_ns=%llu\n", arg, n, elapsed,
+                   FIND(fakecuda_busy_ns)());
+            i += 3;
         } else if (strcmp(command, "sleep") == 0) {
             i++;
             struct timespec t = {atoi(arg) / 1000, (atoi(arg) % 1000) * 1000000L};

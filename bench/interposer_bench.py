@@ -5,12 +5,18 @@ without the library preloaded (a region, a cap far above what is used, the gate 
 By default over the fake driver (tests/fakecuda), where the driver itself costs almost
 nothing, so the difference is the interposer's own path; with --real over the machine's
 libcuda.so.1 and GPU 0 (an empty PTX kernel).
-Run: .venv/bin/python bench/interposer_bench.py [--real] [--iterations N]
+
+Then, on the fake driver, the share accuracy: under each cGPU policy that slices time,
+the real agent paces two containers (30/70 percent, weights 1:3) and the first alone
+through their regions' gates, and each container's measured GPU time is set beside what
+its policy promises (tests/isolation/interposer/shares.py).
+Run: .venv/bin/python bench/interposer_bench.py [--real] [--iterations N] [--no-shares]
 """
 
 import argparse
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -53,6 +59,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real", action="store_true", help="the machine's libcuda.so.1, GPU 0")
     parser.add_argument("--iterations", type=int, default=100_000, help="calls timed per kind")
+    parser.add_argument("--no-shares", action="store_true", help="skip the share accuracy")
+    parser.add_argument(
+        "--seconds", type=float, default=2.5, help="run time of each share measurement"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="interposer-bench-") as temporary:
         directory = Path(temporary)
@@ -78,6 +88,32 @@ def main() -> None:
     driver = "the machine's libcuda" if args.real else "the fake driver"
     print(f"libgpushare-cuda.so on {driver}, {args.iterations:,} calls each, ns")
     print(render(["call", "p50", "p99", "p50 hooked", "p99 hooked", "+p50", "+p99"], rows))
+    if not args.no_shares:
+        shares(args.seconds)
+
+
+def shares(seconds: float) -> None:
+    sys.path.insert(0, str(ROOT))
+    from gpushare.isolation.policy import Policy
+    from tests.fakecuda import fake_cuda
+    from tests.isolation.interposer.shares import measure
+
+    rows, within, total = [], 0, 0
+    for policy in (p for p in Policy if p.slices_time):
+        for contended in (True, False):
+            with tempfile.TemporaryDirectory(prefix="shares-") as temporary:
+                measured = measure(fake_cuda(), Path(temporary), policy, contended, seconds)
+            for name, share in measured.items():
+                promised = share.promised or 0.0
+                off = 100 * (share.measured - promised)
+                within += abs(off) <= 3
+                total += 1
+                case = "30/70 contended" if contended else "30 alone"
+                rows.append([policy.label, case, name, f"{100 * promised:.1f}",
+                             f"{100 * share.measured:.1f}", f"{off:+.1f}"])  # fmt: skip
+    print(f"\nShares at the call on the fake driver, {seconds:g} s each, percent of the GPU")
+    print(render(["policy", "case", "container", "promised", "measured", "pp"], rows))
+    print(f"{within}/{total} shares within ±3 pp")
 
 
 if __name__ == "__main__":

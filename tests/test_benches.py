@@ -35,3 +35,18 @@ def test_isolation_bench_prints_shares_memory_reaction_and_tick_cost():
     within, total = shares.split()[0].split("/")
     assert int(total) == 20 and int(within) >= 15, shares  # --quick: short runs, loose shares
     assert "Memory-cap reaction" in out and out.count("Agent tick,") == 2, out
+
+
+def test_interposer_bench_prints_the_added_cost_of_each_call():
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "interposer_bench.py"), "--iterations", "2000",
+         "--no-shares"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {line.split()[0]: line.split() for line in run.stdout.splitlines()[2:]}
+    assert set(rows) == {"cuMemAlloc_v2", "cuMemFree_v2", "cuLaunchKernel"}, run.stdout
+    assert all(len(row) == 7 and int(row[5]) < 100_000 for row in rows.values()), run.stdout

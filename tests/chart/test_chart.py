@@ -58,6 +58,7 @@ VALUE_SETS = {
         }
     },
     "unprivileged-agent": {"isolation": {"privileged": False, "hostPID": False}},
+    "network-policy": {"networkPolicy": {"enabled": True, "apiServerCidrs": ["10.0.0.0/24"]}},
     "runtime-class": {"gpu": {"runtimeClassName": "nvidia"}},
     "driver-root": {"gpu": {"driverRoot": "/run/nvidia/driver"}},
     "minimal": {
@@ -430,8 +431,10 @@ def test_scheduler_runs_stock_kube_scheduler_with_the_extender_as_sidecar(defaul
     extender = container(spec, "extender")
     assert extender["command"] == ["gpushare-extender"]
     assert flags(extender) == {
-        "--host": "0.0.0.0",
+        "--scheduler-address": "127.0.0.1",
         "--port": "39999",
+        "--host": "0.0.0.0",
+        "--ops-port": "39998",
         "--url-prefix": "/gpushare-scheduler",
         "--scheduler-name": "gpushare-scheduler",
         "--extra-scheduler-names": "ack-co-scheduler",
@@ -511,6 +514,28 @@ def test_scheduler_configuration_is_valid_for_kube_scheduler(values):
     assert extender["urlPrefix"] == (
         f"http://127.0.0.1:{extender_flags['--port']}{extender_flags['--url-prefix']}"
     )
+
+
+def test_only_kube_scheduler_reaches_the_verbs_and_the_service_the_operational_port(default):
+    spec = default.one("Deployment")["spec"]["template"]["spec"]
+    extender = container(spec, "extender")
+    extender_flags = flags(extender)
+    # The verbs listen on loopback, where the scheduler's URL points; no port exposes them.
+    assert extender_flags["--scheduler-address"] == "127.0.0.1"
+    assert urlsplit(scheduler_config(default)["extenders"][0]["urlPrefix"]).hostname == (
+        "127.0.0.1"
+    )
+    exposed = {str(p["containerPort"]) for p in extender["ports"]}
+    assert extender_flags["--port"] not in exposed
+    # Probes, the Service and the ServiceMonitor reach the operational port.
+    [http] = [p for p in extender["ports"] if p["name"] == "http"]
+    assert str(http["containerPort"]) == extender_flags["--ops-port"]
+    assert extender["livenessProbe"]["httpGet"]["port"] == "http"
+    assert extender["readinessProbe"]["httpGet"]["port"] == "http"
+    service = default.one("Service", f"{FULLNAME}-extender")
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert (ports["http"]["port"], ports["http"]["targetPort"]) == (http["containerPort"], "http")
+    assert {p["targetPort"] for p in ports.values()} <= {p["name"] for p in extender["ports"]}
 
 
 def profile_names(rendered) -> list[str]:
@@ -1131,6 +1156,48 @@ def test_install_guide_says_what_the_uninstall_hook_removes(default):
 # ----- metrics and the dashboard
 
 
+def test_no_network_policy_unless_asked(default):
+    assert default.all("NetworkPolicy") == []
+
+
+def test_the_network_policy_lets_in_the_api_server_to_the_webhook_and_monitoring_to_metrics():
+    rendered = render(
+        {"networkPolicy": {"enabled": True, "apiServerCidrs": ["10.0.0.0/24", "fd00::/64"]}}
+    )
+    policy = rendered.one("NetworkPolicy")
+    pods = rendered.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= pods.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # whatever no rule names is refused
+    webhook, metrics = policy["spec"]["ingress"]
+    assert webhook == {
+        "from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}, {"ipBlock": {"cidr": "fd00::/64"}}],
+        "ports": [{"port": "webhook", "protocol": "TCP"}],
+    }
+    assert metrics == {
+        "from": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        ],
+        "ports": [{"port": "http", "protocol": "TCP"}],
+    }
+    extender = container(rendered.one("Deployment")["spec"]["template"]["spec"], "extender")
+    assert {"webhook", "http"} == {p["name"] for p in extender["ports"]}
+
+
+def test_the_network_policy_without_the_api_servers_cidrs_fails_with_the_reason():
+    with pytest.raises(helm.HelmRenderError, match="networkPolicy.apiServerCidrs: set the CIDRs"):
+        render({"networkPolicy": {"enabled": True}})
+
+
+def test_without_the_webhook_the_network_policy_needs_no_cidrs_and_names_no_webhook():
+    policy = render({"networkPolicy": {"enabled": True}, "webhook": {"enabled": False}}).one(
+        "NetworkPolicy"
+    )
+    assert [rule["ports"] for rule in policy["spec"]["ingress"]] == [
+        [{"port": "http", "protocol": "TCP"}]
+    ]
+
+
 def test_service_monitors_only_when_asked(default):
     assert default.all("ServiceMonitor") == []
     monitors = render(VALUE_SETS["service-monitor"]).all("ServiceMonitor")
@@ -1249,7 +1316,8 @@ CONTRACT_FLAGS = {
     ),
     "gpushare-extender": (
         "gpushare.extender.main",
-        {"--host", "--port", "--url-prefix", "--webhook-port", "--tls-cert-file",
+        {"--scheduler-address", "--host", "--port", "--ops-port", "--url-prefix", "--webhook-port",
+         "--tls-cert-file",
          "--tls-key-file", "--scheduler-name", "--extra-scheduler-names", "--default-placement",
          "--max-pods-per-gpu", "--kubeconfig", "--log-level"},
     ),

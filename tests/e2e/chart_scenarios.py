@@ -7,6 +7,7 @@ release, and the one thing that differs between ways of getting a cluster, how a
 container is killed. Figures a scenario measures are returned for the test to print.
 """
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -382,3 +383,86 @@ def uninstall_leaves_nothing_of_ours(installed: Installed) -> list[str]:
     installed.target.create([plain])
     installed.target.wait_running(WORKLOAD_LABEL, 1, timeout=60)
     return checked
+
+
+# ----- who reaches the scheduler verbs
+
+_PROBE = """
+import json, sys, urllib.error, urllib.request
+outcomes = {}
+for name, url in json.loads(sys.argv[1]).items():
+    body = b'{"PodName":"probe","PodNamespace":"default","Node":"x","NodeNames":["x"]}'
+    request = urllib.request.Request(
+        url, data=body, headers={"Content-Type": "application/json"},
+        method="POST" if "/gpushare-scheduler/" in url else "GET",
+    )
+    try:
+        outcomes[name] = str(urllib.request.urlopen(request, timeout=5).status)
+    except urllib.error.HTTPError as err:
+        outcomes[name] = str(err.code)
+    except Exception as err:
+        outcomes[name] = type(getattr(err, "reason", err)).__name__
+print(json.dumps(outcomes))
+"""
+
+
+def scheduler_verbs_refused_to_ordinary_pods(installed: Installed) -> dict[str, str]:
+    """From an ordinary pod, /bind and /filter at the extender's pod IP and Service are
+    refused or unreachable, while the operational port answers the same pod (so the
+    pod network works) and kube-scheduler still places a GPU pod. Returns what the
+    probe got per target: an HTTP status or the connection error's name."""
+    leader = installed.leader_pod()
+    pod_ip = leader["status"]["podIP"]
+    selector = (
+        f"app.kubernetes.io/instance={installed.release.name},app.kubernetes.io/component=scheduler"
+    )
+    [service] = installed.target.get("service", "-n", installed.namespace, "-l", selector)["items"]
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    verb_port = installed.values.get("extender", {}).get("port", 39999)
+    cluster_ip = service["spec"]["clusterIP"]
+    targets = {"ops at the pod IP": f"http://{pod_ip}:{ports['http']}/healthz"}
+    for verb in ("bind", "filter"):
+        for where, address in (("pod IP", pod_ip), ("Service", cluster_ip)):
+            for port in {verb_port, ports["http"]}:
+                url = f"http://{address}:{port}/gpushare-scheduler/{verb}"
+                targets[f"{verb} at the {where}:{port}"] = url
+    image = installed.values["image"]
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "verb-probe",
+            "namespace": "default",
+            "labels": dict([WORKLOAD_LABEL.split("=")]),
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": f"{image['repository']}:{image['tag']}",
+                    "imagePullPolicy": image.get("pullPolicy", "IfNotPresent"),
+                    "command": ["python3", "-c", _PROBE, json.dumps(targets)],
+                }
+            ],
+        },
+    }
+    installed.target.create([probe])
+
+    def finished() -> dict[str, Any] | None:
+        pod = installed.target.get("pod", "verb-probe")
+        return pod if pod["status"].get("phase") in ("Succeeded", "Failed") else None
+
+    done = wait_for("the probe pod to finish", finished, timeout=180, every=1)
+    log = installed.target.container_log(done, "probe")
+    assert done["status"]["phase"] == "Succeeded", log
+    outcomes: dict[str, str] = json.loads(log.strip().splitlines()[-1])
+    assert outcomes.pop("ops at the pod IP") == "200", outcomes  # the pod network works
+    served = {target: got for target, got in outcomes.items() if got.startswith("2")}
+    assert served == {}, f"scheduler verbs answered an ordinary pod: {outcomes}"
+    placed = installed.gpu_pod("placed-after-probe", 1)
+    placed["metadata"]["labels"]["gpushare-e2e-placed"] = "true"
+    installed.target.create([placed])
+    pods = installed.target.wait_running(WORKLOAD_LABEL + ",gpushare-e2e-placed=true", 1)
+    assert assert_env_matches_annotation(installed.target, pods) == 1
+    return outcomes

@@ -107,6 +107,13 @@ def test_the_webhook_behind_its_service_refuses_a_pod_naming_the_rule(
     scenario.invalid_example_is_refused_naming_the_rule(installed, path)
 
 
+def test_ordinary_pods_cannot_reach_the_scheduler_verbs_while_kube_scheduler_can(
+    installed: Installed,
+):
+    outcomes = scenario.scheduler_verbs_refused_to_ordinary_pods(installed)
+    print(f"\nverbs from an ordinary pod: {outcomes}")
+
+
 @pytest.mark.parametrize("how", ["delete", "kill"])
 def test_the_standby_scheduler_binds_gpu_pods_when_the_leader_goes(installed: Installed, how):
     failover = scenario.leader_failover(installed, how)

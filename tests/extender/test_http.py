@@ -13,6 +13,8 @@ from gpushare.extender.service import ExtenderConfig, ExtenderService
 from tests.builders import node, pod
 from tests.extender.harness import PREFIX, pod_json
 
+JSON_HEADERS = {"Content-Type": "application/json"}
+
 GOOD_ARGS = {"Pod": pod_json(pod("p", mem=1)), "Nodes": None, "NodeNames": ["n"]}
 
 MALFORMED = [
@@ -45,7 +47,7 @@ def running():
     service = ExtenderService(cluster, ExtenderConfig()).start_watching()
     assert service.wait_synced(10)
     server = HttpServer(service.app()).start()
-    with httpx.Client(base_url=server.url) as client:
+    with httpx.Client(base_url=server.url, headers=JSON_HEADERS) as client:
         yield client, cluster
     server.stop()
     service.stop_watching()

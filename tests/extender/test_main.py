@@ -1,5 +1,7 @@
 """gpushare-extender as an operator starts it."""
 
+import contextlib
+import ipaddress
 import os
 import signal
 import socket
@@ -7,6 +9,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,7 +23,9 @@ from tests.extender.tls import self_signed
 from tests.kubecluster.apiserver import ApiServer
 
 FLAGS = [
+    "--scheduler-address",
     "--host",
+    "--ops-port",
     "--port",
     "--url-prefix",
     "--webhook-port",
@@ -73,6 +78,7 @@ def test_help_explains_every_flag():
             "--extra-scheduler-names: gpushare-scheduler is named twice",
         ),
         (["--extra-scheduler-names", "a,b,a"], "a is named twice"),
+        (["--ops-port", "39999"], "each listener needs its own port, got --port=39999 --ops"),
     ],
 )
 def test_bad_flags_stop_it_with_the_reason(argv, message, capsys):
@@ -103,7 +109,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_it_starts_against_a_cluster_logs_its_configuration_and_serves(tmp_path: Path):
+@contextlib.contextmanager
+def running_extender(tmp_path: Path, *flags: str) -> Iterator[tuple[dict[str, int], list[str]]]:
+    """gpushare-extender as main() starts it, over a test API server, with its own free
+    ports; yields the ports by flag and, once it has stopped, its log lines."""
     memory = MemoryCluster()
     memory.add_node(node("n", "1x16GiB"))
     api = ApiServer(memory)
@@ -121,56 +130,85 @@ def test_it_starts_against_a_cluster_logs_its_configuration_and_serves(tmp_path:
         )
     )
     cert, key = self_signed(tmp_path)
-    port, webhook_port = free_port(), free_port()
+    ports = {flag: free_port() for flag in ("--port", "--ops-port", "--webhook-port")}
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpushare.extender.main",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--webhook-port",
-            str(webhook_port),
-            "--tls-cert-file",
-            str(cert),
-            "--tls-key-file",
-            str(key),
-            "--kubeconfig",
-            str(kubeconfig),
-            "--default-placement",
-            "spread",
-        ],
+        [sys.executable, "-m", "gpushare.extender.main"]
+        + [str(arg) for item in ports.items() for arg in item]
+        + ["--tls-cert-file", str(cert), "--tls-key-file", str(key)]
+        + ["--kubeconfig", str(kubeconfig), *flags],
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+    log: list[str] = []
     try:
         deadline = time.monotonic() + 30
         while True:
             assert process.poll() is None, process.stderr.read()
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                url = f"http://127.0.0.1:{ports['--ops-port']}/readyz"
+                if httpx.get(url).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
             assert time.monotonic() < deadline, "the extender did not become ready"
             time.sleep(0.1)
-        inspect = httpx.get(f"http://127.0.0.1:{port}/inspect/n").json()
+        yield ports, log
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=20)
+        api.close()
+        log.extend(err.splitlines())
+    assert process.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+
+
+def test_it_starts_against_a_cluster_logs_its_configuration_and_serves(tmp_path: Path):
+    cert = tmp_path / "tls.crt"
+    flags = ("--host", "127.0.0.1", "--default-placement", "spread")
+    with running_extender(tmp_path, *flags) as (ports, log):
+        port, ops, webhook_port = ports["--port"], ports["--ops-port"], ports["--webhook-port"]
+        inspect = httpx.get(f"http://127.0.0.1:{ops}/inspect/n").json()
         assert inspect["placementPolicy"] == "spread"
         trust = ssl.create_default_context(cafile=cert)
         assert httpx.get(f"https://127.0.0.1:{webhook_port}/healthz", verify=trust).json() == {
             "status": "ok"
         }
-    finally:
-        process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=20)
-        api.close()
-    summary = [line for line in err.splitlines() if "gpushare-extender" in line]
-    assert summary, err
+        verb = f"http://127.0.0.1:{port}/gpushare-scheduler/bind"
+        bind = httpx.post(verb, json={"PodName": "ghost", "PodNamespace": "d", "Node": "n"})
+        assert bind.status_code == 200 and bind.json()["Error"]  # served: a pod nobody has
+        # Each listener serves its own endpoints only.
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics").status_code == 404
+        assert httpx.post(f"http://127.0.0.1:{ops}/gpushare-scheduler/bind").status_code == 404
+    summary = [line for line in log if "gpushare-extender" in line]
+    assert summary, log
     assert f"http://127.0.0.1:{port}/gpushare-scheduler" in summary[0]
+    assert f"http://127.0.0.1:{ops}/healthz" in summary[0]
     assert "default placement spread" in summary[0]
     assert "schedulers gpushare-scheduler, ack-co-scheduler" in summary[0]
     assert f"https://127.0.0.1:{webhook_port}" in summary[0]
-    assert process.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+
+
+def non_loopback_address() -> str | None:
+    """An IPv4 address of this machine other than loopback: the source address of a
+    route out (a UDP connect sends nothing), or one the host name resolves to."""
+    candidates = []
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # TEST-NET-1: only the route is looked up
+        candidates.append(s.getsockname()[0])
+    with contextlib.suppress(OSError):
+        candidates += socket.gethostbyname_ex(socket.gethostname())[2]
+    return next((a for a in candidates if not ipaddress.ip_address(a).is_loopback), None)
+
+
+def test_the_scheduler_verbs_are_unreachable_from_outside_the_pod(tmp_path: Path):
+    address = non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no address but loopback to connect to")
+    with running_extender(tmp_path) as (ports, _):  # the defaults, as the chart runs it
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((address, ports["--port"]), timeout=5).close()
+        # ...while what a Service and the API server reach is on every address.
+        assert httpx.get(f"http://{address}:{ports['--ops-port']}/healthz").status_code == 200
+        socket.create_connection((address, ports["--webhook-port"]), timeout=5).close()
+        bind = f"http://127.0.0.1:{ports['--port']}/gpushare-scheduler/bind"
+        assert httpx.post(bind, json={}).status_code == 400  # loopback still reaches them

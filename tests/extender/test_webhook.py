@@ -26,7 +26,9 @@ def webhook(tmp_path_factory) -> Iterator[tuple[httpx.Client, str]]:
     server = HttpServer(service.webhook_app(), tls_cert_file=cert, tls_key_file=key).start()
     assert server.url.startswith("https://127.0.0.1:")
     with httpx.Client(
-        base_url=server.url, verify=ssl.create_default_context(cafile=cert)
+        base_url=server.url,
+        verify=ssl.create_default_context(cafile=cert),
+        headers={"Content-Type": "application/json"},
     ) as client:
         yield client, server.url
     server.stop()
@@ -159,7 +161,11 @@ def test_a_malformed_review_is_a_400_naming_the_field(webhook, body, field):
     for path in ("/validate", "/mutate"):
         response = client.post(path, content=body)
         assert response.status_code == 400
-        assert field in response.json()["Error"]
+        # A metav1.Status: what the API server's client reads from a non-200 answer.
+        status = response.json()
+        assert (status["kind"], status["code"], status["reason"]) == ("Status", 400, "BadRequest")
+        assert status["message"].startswith(f"{path[1:]}: ")
+        assert field in status["message"]
 
 
 def test_a_workload_pod_is_named_by_its_generate_name(webhook):

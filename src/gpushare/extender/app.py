@@ -1,27 +1,40 @@
-"""The HTTP faces of the extender: the scheduler-extender API with its operational
-endpoints, and the admission webhook (served on its own TLS port).
+"""The HTTP faces of the extender: the scheduler-extender API (for kube-scheduler
+alone, on loopback), the operational endpoints (health, metrics, inspect), and the
+admission webhook (served on its own TLS port).
 
 Bodies are read and checked by hand (`wire.parse`) rather than by FastAPI's
 request models, so that a bad body is a 400 naming the field in the answer
 shape kube-scheduler reads (`{"Error": ...}`), never a 422 or a 500, and so a
 5,000-node answer is encoded once with json instead of through a model dump.
+Before any of that, a body is read only within its endpoint's limit
+(gpushare.extender.limits) and deadline, or refused naming them.
 """
 
 import logging
 import time
 from collections.abc import Callable, Sequence
+from http import HTTPStatus
 from typing import Any
 
 from anyio import CapacityLimiter, to_thread
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gpushare.extender import verbs, webhook
 from gpushare.extender.argsreader import ExtenderArgsReader
 from gpushare.extender.binder import Binder
+from gpushare.extender.bodies import JSON, BodyRefused, read_json_body
 from gpushare.extender.cache import SchedulerCache
 from gpushare.extender.inspect import cluster_report, node_report
+from gpushare.extender.limits import (
+    ADMISSION_REVIEW_MAX,
+    BINDING_ARGS_MAX,
+    DEFAULT_READ_LIMITS,
+    EXTENDER_ARGS_MAX,
+    PREEMPTION_ARGS_MAX,
+    ReadLimits,
+)
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.version import VERSION
 from gpushare.extender.wire import (
@@ -35,8 +48,6 @@ from gpushare.extender.wire import (
 )
 
 log = logging.getLogger(__name__)
-
-JSON = "application/json"
 
 BINDS_AT_ONCE = 40
 """Binds that run at once, each in a worker thread waiting on the API server; further
@@ -89,41 +100,91 @@ class Extender:
         return dumps(answer)
 
 
-def extender_app(extender: Extender, url_prefix: str) -> FastAPI:
-    app = FastAPI(
-        title="gpushare scheduler extender",
-        version=VERSION,
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
+def scheduler_app(
+    extender: Extender, url_prefix: str, limits: ReadLimits = DEFAULT_READ_LIMITS
+) -> FastAPI:
+    """The scheduler verbs alone: what the listener on loopback serves to kube-scheduler."""
+    return _app("gpushare scheduler extender", _verbs(extender, url_prefix, limits))
+
+
+def ops_app(extender: Extender) -> FastAPI:
+    """Health, readiness, version, metrics and inspect: the listener a Service may reach."""
+    return _app("gpushare extender operations", _operations(extender))
+
+
+def extender_app(
+    extender: Extender, url_prefix: str, limits: ReadLimits = DEFAULT_READ_LIMITS
+) -> FastAPI:
+    """The verbs and the operational endpoints on one listener, for processes that serve
+    only themselves on loopback (the demo, tests); gpushare-extender splits them."""
+    return _app(
+        "gpushare scheduler extender",
+        _verbs(extender, url_prefix, limits),
+        _operations(extender),
     )
+
+
+def webhook_app(extender: Extender, limits: ReadLimits = DEFAULT_READ_LIMITS) -> FastAPI:
+    router = APIRouter()
+    for verb, handler in (("validate", extender.validate), ("mutate", extender.mutate)):
+        endpoint = _endpoint(
+            verb, handler, extender.metrics, ADMISSION_REVIEW_MAX, limits, _for_api_server
+        )
+        router.add_api_route(f"/{verb}", endpoint, methods=["POST"])
+
+    @router.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return _app("gpushare admission webhook", router)
+
+
+def _app(title: str, *routers: APIRouter) -> FastAPI:
+    app = FastAPI(title=title, version=VERSION, docs_url=None, redoc_url=None, openapi_url=None)
+    for router in routers:
+        app.include_router(router)
+    return app
+
+
+def _verbs(extender: Extender, url_prefix: str, limits: ReadLimits) -> APIRouter:
+    router = APIRouter()
     prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
     verbs_ = {
-        "filter": extender.filter,
-        "prioritize": extender.prioritize,
-        "bind": extender.bind,
-        "preempt": extender.preempt,
+        "filter": (extender.filter, EXTENDER_ARGS_MAX),
+        "prioritize": (extender.prioritize, EXTENDER_ARGS_MAX),
+        "bind": (extender.bind, BINDING_ARGS_MAX),
+        "preempt": (extender.preempt, PREEMPTION_ARGS_MAX),
     }
-    for verb, handler in verbs_.items():
-        app.add_api_route(
+    for verb, (handler, limit) in verbs_.items():
+        router.add_api_route(
             f"{prefix}/{verb}",
             _endpoint(
                 verb,
                 handler,
                 extender.metrics,
+                limit,
+                limits,
+                _for_scheduler,
                 inline=verb != "bind",
                 at_once=BINDS_AT_ONCE if verb == "bind" else None,
             ),
             methods=["POST"],
             name=verb,
         )
+    return router
+
+
+def _operations(extender: Extender) -> APIRouter:
+    """GET endpoints: they take no body and never read one (the server closes the
+    connection of a request answered before its body came)."""
+    router = APIRouter()
     cache = extender.cache
 
-    @app.get("/healthz")
+    @router.get("/healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @router.get("/readyz")
     def readyz() -> Response:
         if cache.synced:
             return JSONResponse({"status": "ready"})
@@ -131,58 +192,60 @@ def extender_app(extender: Extender, url_prefix: str) -> FastAPI:
             {"status": "waiting for the first full list of nodes and pods"}, status_code=503
         )
 
-    @app.get("/version")
+    @router.get("/version")
     def version() -> dict[str, Any]:
         return {"version": VERSION, "configuration": extender.describe}
 
-    @app.get("/metrics")
+    @router.get("/metrics")
     def metrics() -> Response:
         return Response(extender.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/inspect")
+    @router.get("/inspect")
     def inspect_all() -> dict[str, Any]:
         return cluster_report(cache)
 
-    @app.get("/inspect/{node}")
+    @router.get("/inspect/{node}")
     def inspect_node(node: str) -> Response:
         report = node_report(cache, node)
         if report is None:
             return JSONResponse({"error": f"node {node} is not known to the extender"}, 404)
         return JSONResponse(report)
 
-    return app
+    return router
 
 
-def webhook_app(extender: Extender) -> FastAPI:
-    app = FastAPI(
-        title="gpushare admission webhook",
-        version=VERSION,
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-    )
-    app.add_api_route(
-        "/validate", _endpoint("validate", extender.validate, extender.metrics), methods=["POST"]
-    )
-    app.add_api_route(
-        "/mutate", _endpoint("mutate", extender.mutate, extender.metrics), methods=["POST"]
-    )
+def _for_scheduler(verb: str, status: int, message: str) -> Response:
+    """kube-scheduler reads an error as ExtenderFilterResult/BindingResult's Error."""
+    return Response(dumps({"Error": for_scheduler(f"{verb}: {message}")}), status, media_type=JSON)
 
-    @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
 
-    return app
+def _for_api_server(verb: str, status: int, message: str) -> Response:
+    """The API server's client decodes a non-200 body that is a metav1.Status into the
+    error it reports ("failed calling webhook ...: <message>")."""
+    answer = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": f"{verb}: {message}",
+        "reason": HTTPStatus(status).phrase.replace(" ", ""),
+        "code": status,
+    }
+    return Response(dumps(answer), status, media_type=JSON)
 
 
 def _endpoint(
     verb: str,
     handler: Callable[[bytes], bytes],
     metrics: ExtenderMetrics,
+    limit: int,
+    limits: ReadLimits,
+    refusal: Callable[[str, int, str], Response],
     inline: bool = False,
     at_once: int | None = None,
 ) -> Callable[[Request], Any]:
-    """An endpoint that times the handler and turns a bad body into a 400 naming the field.
+    """An endpoint that reads at most `limit` bytes of JSON in time, times the handler,
+    and turns a bad body into a 4xx naming the field or the limit, written by
+    `refusal` in the shape the caller reads.
 
     `inline` handlers run on the event loop: filter, prioritize and preempt only
     compute (a few milliseconds at most), so a hop to the thread pool would cost
@@ -194,7 +257,11 @@ def _endpoint(
 
     async def endpoint(request: Request) -> Response:
         nonlocal limiter
-        body = await request.body()
+        try:
+            body = await read_json_body(request, limit, limits.body_deadline)
+        except BodyRefused as refused:
+            log.info("%s: refused: %s", verb, refused.message)
+            return refusal(verb, refused.status, refused.message)
         started = time.perf_counter()
         try:
             if inline:
@@ -205,8 +272,7 @@ def _endpoint(
                 answer = await to_thread.run_sync(handler, body, limiter=limiter)
         except WireError as err:
             log.info("%s: bad request: %s", verb, err)
-            error = for_scheduler(f"{verb}: {err}")
-            return Response(dumps({"Error": error}), 400, media_type=JSON)
+            return refusal(verb, 400, str(err))
         finally:
             latency.observe(time.perf_counter() - started)
         return Response(answer, media_type=JSON)

@@ -94,7 +94,9 @@ def _names(value: bytes) -> list[str] | None:
     """A JSON array of strings, decoded as pydantic would; None for anything else.
     json.loads takes lone surrogate escapes that pydantic refuses, so only ASCII
     without \\u escapes is taken (node names are DNS names)."""
-    if not value.isascii() or b"\\u" in value:
+    if not value.isascii() or b"\\u" in value or value.count(b"[") != 1:
+        # One '[': a flat array, as names never hold one; json's recursive decoder
+        # would raise RecursionError on deep nesting, which the full parse refuses.
         return None
     try:
         names = json.loads(value)

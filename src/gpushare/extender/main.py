@@ -6,6 +6,11 @@ config/kube-scheduler-config.yaml), and, given a TLS certificate, the admission
 webhook that refuses pods breaking gpushare's rules and sends GPU pods to that
 scheduler. Its state is the API's pods and nodes, watched; on start it is
 rebuilt from the pods' allocation annotations alone.
+
+Three listeners: the verbs on --scheduler-address (loopback: only the
+kube-scheduler in the same pod calls them), the operational endpoints on
+--host:--ops-port, the webhook on --host:--webhook-port (TLS). Every request is
+bounded in size and time (docs/install.md, "Security").
 """
 
 import argparse
@@ -36,19 +41,37 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    parser.add_argument(
+        "--scheduler-address",
+        default="127.0.0.1",
+        help="address of the scheduler verbs <url-prefix>/filter|prioritize|bind|preempt; "
+        "they bind pods and fill the reservation table, so only the kube-scheduler in the "
+        "extender's pod may reach them: keep loopback unless a NetworkPolicy or the host "
+        "guards the address (default 127.0.0.1)",
+    )
     parser.add_argument(
         "--port",
         type=int,
         default=39999,
-        help="extender port: <url-prefix>/filter|prioritize|bind|preempt, /inspect, "
-        "/inspect/NODE, /healthz, /readyz, /metrics, /version (default 39999)",
+        help="port of the scheduler verbs (default 39999)",
     )
     parser.add_argument(
         "--url-prefix",
         default="/gpushare-scheduler",
         help="path before the verbs; must match urlPrefix in the scheduler configuration "
         "(default /gpushare-scheduler)",
+    )
+    parser.add_argument(
+        "--host",
+        default="0.0.0.0",
+        help="address of the operational endpoints and the webhook (default 0.0.0.0)",
+    )
+    parser.add_argument(
+        "--ops-port",
+        type=int,
+        default=39998,
+        help="port of /healthz, /readyz, /metrics, /version, /inspect, /inspect/NODE "
+        "(default 39998)",
     )
     parser.add_argument(
         "--webhook-port",
@@ -109,10 +132,17 @@ def config_from(args: argparse.Namespace) -> ExtenderConfig:
             raise ValueError(f"TLS file {path} does not exist")
     if args.max_pods_per_gpu < 1:
         raise ValueError(f"--max-pods-per-gpu must be at least 1, got {args.max_pods_per_gpu}")
+    ports = {"--port": args.port, "--ops-port": args.ops_port}
+    if args.tls_cert_file is not None:
+        ports["--webhook-port"] = args.webhook_port
+    if len(set(ports.values())) < len(ports):
+        raise ValueError(f"each listener needs its own port, got {_flags(ports)}")
     extra_names = _extra_scheduler_names(args.scheduler_name, args.extra_scheduler_names)
     return ExtenderConfig(
         host=args.host,
         port=args.port,
+        scheduler_address=args.scheduler_address,
+        ops_port=args.ops_port,
         url_prefix=args.url_prefix,
         webhook_port=args.webhook_port,
         tls_cert_file=args.tls_cert_file,
@@ -122,6 +152,10 @@ def config_from(args: argparse.Namespace) -> ExtenderConfig:
         default_placement=validate_default(args.default_placement, POLICIES),
         max_pods_per_gpu=args.max_pods_per_gpu,
     )
+
+
+def _flags(values: dict[str, int]) -> str:
+    return " ".join(f"{flag}={value}" for flag, value in values.items())
 
 
 def _extra_scheduler_names(main_name: str, extra: str) -> tuple[str, ...]:
@@ -183,20 +217,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("%s, API server from %s", config.summary(), cluster.origin)
     service.start_watching()
     threading.Thread(target=_report_sync, args=(service,), name="sync", daemon=True).start()
-    webhook = None
+    limits = config.read_limits
+    background = [
+        HttpServer(
+            service.ops_app(), config.host, config.ops_port, log_level=args.log_level, limits=limits
+        )
+    ]
     if config.webhook_enabled:
-        webhook = HttpServer(
-            service.webhook_app(),
-            config.host,
-            config.webhook_port,
-            config.tls_cert_file,
-            config.tls_key_file,
-            log_level=args.log_level,
-        ).start()
+        background.append(
+            HttpServer(
+                service.webhook_app(),
+                config.host,
+                config.webhook_port,
+                config.tls_cert_file,
+                config.tls_key_file,
+                log_level=args.log_level,
+                limits=limits,
+            )
+        )
+    for server in background:
+        server.start()
     # uvicorn handles SIGTERM/SIGINT: it drains requests, then re-raises the signal.
-    HttpServer(service.app(), config.host, config.port, log_level=args.log_level).run()
-    if webhook is not None:
-        webhook.stop()
+    HttpServer(
+        service.scheduler_app(),
+        config.scheduler_address,
+        config.port,
+        log_level=args.log_level,
+        limits=limits,
+    ).run()
+    for server in background:
+        server.stop()
     service.stop_watching()
     return 0
 

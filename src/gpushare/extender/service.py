@@ -10,9 +10,17 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from gpushare.cluster import Cluster
-from gpushare.extender.app import BINDS_AT_ONCE, Extender, extender_app, webhook_app
+from gpushare.extender.app import (
+    BINDS_AT_ONCE,
+    Extender,
+    extender_app,
+    ops_app,
+    scheduler_app,
+    webhook_app,
+)
 from gpushare.extender.binder import Binder
 from gpushare.extender.cache import SchedulerCache, interesting
+from gpushare.extender.limits import DEFAULT_READ_LIMITS, ReadLimits
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.policychoice import validate_default
 from gpushare.extender.requeue import Requeuer
@@ -31,7 +39,13 @@ worker's patches and the unserved-scheduler worker's events."""
 @dataclass(frozen=True)
 class ExtenderConfig:
     host: str = "0.0.0.0"
+    """Address of the operational endpoints and the webhook."""
     port: int = 39999
+    """Port of the scheduler verbs."""
+    scheduler_address: str = "127.0.0.1"
+    """Address of the scheduler verbs: loopback, where only the kube-scheduler beside
+    the extender in its pod reaches them."""
+    ops_port: int = 39998
     url_prefix: str = "/gpushare-scheduler"
     webhook_port: int = 9443
     tls_cert_file: Path | None = None
@@ -40,6 +54,7 @@ class ExtenderConfig:
     extra_scheduler_names: tuple[str, ...] = (ACK_SCHEDULER_NAME,)
     default_placement: str = "binpack"
     max_pods_per_gpu: int = DEFAULT_MAX_PODS_PER_GPU
+    read_limits: ReadLimits = DEFAULT_READ_LIMITS
 
     @property
     def webhook_enabled(self) -> bool:
@@ -52,17 +67,22 @@ class ExtenderConfig:
 
     def summary(self) -> str:
         webhook = (
-            f"https://{self.host}:{self.webhook_port}/validate|mutate"
+            f"https://{_host(self.host)}:{self.webhook_port}/validate|mutate"
             if self.webhook_enabled
             else "webhook off (no --tls-cert-file/--tls-key-file)"
         )
         return (
-            f"gpushare-extender {VERSION}: http://{self.host}:{self.port}"
-            f"{self.url_prefix}/filter|prioritize|bind|preempt, {webhook}, "
+            f"gpushare-extender {VERSION}: http://{_host(self.scheduler_address)}:{self.port}"
+            f"{self.url_prefix}/filter|prioritize|bind|preempt, "
+            f"http://{_host(self.host)}:{self.ops_port}/healthz|readyz|metrics|inspect, {webhook}, "
             f"schedulers {', '.join(self.scheduler_names)}, "
             f"default placement {self.default_placement}, "
             f"max {self.max_pods_per_gpu} pods per GPU"
         )
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
 
 
 class ExtenderService:
@@ -123,7 +143,15 @@ class ExtenderService:
         self.unserved.stop()
 
     def app(self) -> FastAPI:
-        return extender_app(self.extender, self.config.url_prefix)
+        """The verbs and the operational endpoints together, for a process that serves
+        them only to itself on loopback (the demo, tests)."""
+        return extender_app(self.extender, self.config.url_prefix, self.config.read_limits)
+
+    def scheduler_app(self) -> FastAPI:
+        return scheduler_app(self.extender, self.config.url_prefix, self.config.read_limits)
+
+    def ops_app(self) -> FastAPI:
+        return ops_app(self.extender)
 
     def webhook_app(self) -> FastAPI:
-        return webhook_app(self.extender)
+        return webhook_app(self.extender, self.config.read_limits)

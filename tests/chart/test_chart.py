@@ -1185,7 +1185,7 @@ def test_the_network_policy_lets_in_the_api_server_to_the_webhook_and_monitoring
 
 
 def test_the_network_policy_without_the_api_servers_cidrs_fails_with_the_reason():
-    with pytest.raises(helm.HelmRenderError, match="networkPolicy.apiServerCidrs: set the CIDRs"):
+    with pytest.raises(helm.HelmRenderError, match=r"networkPolicy\.apiServerCidrs: set the CIDRs"):
         render({"networkPolicy": {"enabled": True}})
 
 

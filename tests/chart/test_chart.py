@@ -137,6 +137,7 @@ def test_device_plugin_gets_the_contract_flags_and_the_kubelet_directories(defau
         "--pod-resources-socket": "/var/lib/kubelet/pod-resources/kubelet.sock",
         "--metrics-port": "9401",
         "--dev-root": "/host/dev",
+        "--interposer-dir": "/var/lib/gpushare/interposer",
     }
     env = {e["name"]: e for e in plugin["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
@@ -165,6 +166,7 @@ def test_isolation_agent_sees_host_proc_cgroups_and_the_control_tree_but_no_api(
         "--cgroup-root": "/host/sys/fs/cgroup",
         "--metrics-port": "9402",
         "--memory-action": "kill",
+        "--interposer-dir": "/var/lib/gpushare/interposer",
     }
     mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
     host = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}
@@ -177,6 +179,43 @@ def test_isolation_agent_sees_host_proc_cgroups_and_the_control_tree_but_no_api(
     token_mount = "/var/run/secrets/kubernetes.io/serviceaccount"
     assert token_mount not in mounts
     assert token_mount in {m["mountPath"] for m in container(spec, "device-plugin")["volumeMounts"]}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"isolation": {"interposer": {"dir": "/opt/gpushare/interposer"}}}],
+    ids=["default-dir", "own-dir"],
+)
+def test_both_node_containers_see_the_interposer_directory_at_the_nodes_own_path(values):
+    """Allocate's mounts name host paths: the plugin must see the directory where the
+    node has it, and so must the agent that installs the library into it."""
+    spec = render(values).one("DaemonSet")["spec"]["template"]["spec"]
+    directory = (
+        values.get("isolation", {}).get("interposer", {}).get("dir", "/var/lib/gpushare/interposer")
+    )
+    [volume] = [v for v in spec["volumes"] if v["name"] == "interposer"]
+    assert volume["hostPath"] == {"path": directory, "type": "DirectoryOrCreate"}
+    for name in ("device-plugin", "isolation"):
+        c = container(spec, name)
+        assert flags(c)["--interposer-dir"] == directory
+        [mount] = [m for m in c["volumeMounts"] if m["name"] == "interposer"]
+        assert mount["mountPath"] == directory and not mount.get("readOnly")
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"isolation": {"interposer": {"enabled": False}}}, {"isolation": {"enabled": False}}],
+    ids=["interposer-off", "agent-off"],
+)
+def test_without_the_interposer_no_container_gets_it(values):
+    spec = render(values).one("DaemonSet")["spec"]["template"]["spec"]
+    assert flags(container(spec, "device-plugin"))["--interposer-dir"] == ""
+    assert "interposer" not in {v["name"] for v in spec["volumes"]}
+
+
+def test_an_interposer_dir_that_is_not_absolute_is_refused():
+    with pytest.raises(helm.HelmValuesError, match="interposer/dir"):
+        render({"isolation": {"interposer": {"dir": "relative/dir"}}})
 
 
 def test_unprivileged_agent_gets_only_the_capabilities_it_uses():
@@ -1312,7 +1351,8 @@ CONTRACT_FLAGS = {
     "gpushare-device-plugin": (
         "gpushare.deviceplugin.main",
         {"--node-name", "--backend", "--mock-gpus", "--gpu-memory-rounding", "--device-plugin-dir",
-         "--pod-resources-socket", "--kubeconfig", "--metrics-port", "--log-level", "--dev-root"},
+         "--pod-resources-socket", "--kubeconfig", "--metrics-port", "--log-level", "--dev-root",
+         "--interposer-dir"},
     ),
     "gpushare-extender": (
         "gpushare.extender.main",
@@ -1324,7 +1364,8 @@ CONTRACT_FLAGS = {
     "gpushare-isolation": (
         "gpushare.isolation.main",
         {"--node-name", "--backend", "--mock-gpus", "--gpu-memory-rounding", "--control-dir",
-         "--proc-root", "--cgroup-root", "--metrics-port", "--memory-action", "--log-level"},
+         "--proc-root", "--cgroup-root", "--metrics-port", "--memory-action", "--log-level",
+         "--interposer-dir"},
     ),
 }  # fmt: skip
 

@@ -50,6 +50,8 @@ MOCK_GPUS: Final = "2x16GiB,1x24GiB"
 GPU_SIZES: Final = (16, 16, 24)
 SYSTEM_NAMESPACE: Final = "gpushare-system"
 EXTENDER_PORT: Final = 39999
+EXTENDER_OPS_PORT: Final = 39996
+"""Health, metrics and /inspect; the verbs' port serves kube-scheduler alone."""
 WEBHOOK_PORT: Final = 9443
 CHART_VALUES: Final = {"gpu": {"backend": "mock", "mockGpus": MOCK_GPUS}}
 """What an operator trying gpushare without GPUs installs; everything else default."""
@@ -418,7 +420,7 @@ class LocalCluster(KubectlTarget):
             [
                 str(self.venv_bin / "gpushare-extender"),
                 "--host", "127.0.0.1", "--port", str(EXTENDER_PORT),
-                "--webhook-port", str(WEBHOOK_PORT),
+                "--ops-port", str(EXTENDER_OPS_PORT), "--webhook-port", str(WEBHOOK_PORT),
                 "--tls-cert-file", str(cert), "--tls-key-file", str(key),
                 "--kubeconfig", str(scheduler_kubeconfig),
             ],
@@ -519,14 +521,14 @@ class LocalCluster(KubectlTarget):
 
     def _ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{EXTENDER_PORT}/readyz", timeout=2):
+            with urllib.request.urlopen(f"http://127.0.0.1:{EXTENDER_OPS_PORT}/readyz", timeout=2):
                 return True
         except OSError:
             return False
 
     def extender_view(self) -> dict[str, Any]:
         """The extender's /inspect: its state, as it answers the scheduler."""
-        url = f"http://127.0.0.1:{EXTENDER_PORT}/inspect"
+        url = f"http://127.0.0.1:{EXTENDER_OPS_PORT}/inspect"
         with urllib.request.urlopen(url, timeout=5) as response:
             return json.load(response)
 

@@ -31,6 +31,7 @@ pytestmark = [
 ]
 
 STANDBY_EXTENDER_PORT = 39998
+STANDBY_OPS_PORT = 39995
 STANDBY_WEBHOOK_PORT = 9444
 STANDBY_SCHEDULER_PORT = 10261
 LEASE = "gpushare-scheduler"
@@ -63,7 +64,8 @@ def standby(local: LocalCluster) -> Iterator[tuple[HostProcess, HostProcess]]:
         "standby extender",
         [
             str(local.venv_bin / "gpushare-extender"), "--host", "127.0.0.1",
-            "--port", str(STANDBY_EXTENDER_PORT), "--webhook-port", str(STANDBY_WEBHOOK_PORT),
+            "--port", str(STANDBY_EXTENDER_PORT), "--ops-port", str(STANDBY_OPS_PORT),
+            "--webhook-port", str(STANDBY_WEBHOOK_PORT),
             "--tls-cert-file", str(local.our_dir / "webhook.crt"),
             "--tls-key-file", str(local.our_dir / "webhook.key"),
             "--kubeconfig", str(local.our_dir / "scheduler.kubeconfig"),

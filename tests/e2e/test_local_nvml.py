@@ -21,6 +21,7 @@ from tests.e2e.checks import assert_env_matches_annotation, env_of
 from tests.e2e.kube import run, wait_for
 from tests.e2e.local import GPU_SIZES, NODE, HostProcess, LocalCluster
 from tests.e2e.workloads import WORKLOAD_LABEL, busybox_pod
+from tests.fakecuda import FakeCuda, FakeCudaUnavailable, build_fake_cuda, parse_line
 from tests.fakenvml import (
     MIB,
     Event,
@@ -74,20 +75,22 @@ def nvml_node(local: LocalCluster) -> Iterator[NvmlNode]:
             os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, minor))
             made.append(path)
     env = nvml_env(library, node.path, base={})
+    interposer = ["--interposer-dir", str(local.our_dir / "interposer")]
     mock_plugin, mock_agent = local.plugin, local.agent
     assert mock_plugin is not None and mock_agent is not None
     plugin = HostProcess(
         "device plugin (nvml)",
         [*mock_plugin.args[: mock_plugin.args.index("--backend")],
          "--node-name", NODE, "--backend", "nvml",
-         "--kubeconfig", str(local.our_dir / "node.kubeconfig"), "--metrics-port", "0"],
+         "--kubeconfig", str(local.our_dir / "node.kubeconfig"), "--metrics-port", "0",
+         *interposer],
         local.logs / "gpushare-device-plugin-nvml.log",
         env=env,
     )  # fmt: skip
     agent = HostProcess(
         "isolation agent (nvml)",
         [str(local.venv_bin / "gpushare-isolation"), "--node-name", NODE, "--backend", "nvml",
-         "--control-dir", str(local.control_dir), "--metrics-port", "0"],
+         "--control-dir", str(local.control_dir), "--metrics-port", "0", *interposer],
         local.logs / "gpushare-isolation-nvml.log",
         env=env,
     )  # fmt: skip
@@ -207,6 +210,140 @@ def test_cgpu_smi_shows_nvml_memory_of_each_container(local: LocalCluster, nvml_
     assert totals == {0: 15 * 1024**3, 1: 23 * 1024**3}, "the GiB the node advertises"
     gpu.processes = []
     nvml_node.write()
+
+
+# ----- The CUDA interposer, loaded by our Allocate as on a real node (docs/isolation.md)
+#
+# The pods run the fake-driver probe (tests/fakecuda) in the busybox image with the host's C
+# library mounted in: what /etc/ld.so.preload names then loads into it, as into any
+# program of a real GPU image. Its fake libcuda.so.1 has the pod's own GPU (the UUID
+# Allocate put in NVIDIA_VISIBLE_DEVICES); the fake libnvidia-ml.so.1 reads the node's world.
+
+HOST_LIBS = ("/lib/x86_64-linux-gnu", "/lib64")
+PROBE = "FAKE_CUDA_DEVICES=$NVIDIA_VISIBLE_DEVICES:17179869184 /fake-cuda/probe"
+
+
+@pytest.fixture(scope="module")
+def fake_cuda(local: LocalCluster, nvml_node: NvmlNode) -> FakeCuda:
+    if not all(Path(p).is_dir() for p in HOST_LIBS):
+        pytest.skip(f"the host has no {' or '.join(HOST_LIBS)} to lend the probe's pods")
+    try:
+        return build_fake_cuda(local.our_dir / "fakecuda")
+    except FakeCudaUnavailable as err:
+        pytest.skip(str(err))
+
+
+def probe_pod(
+    local: LocalCluster, name: str, mem: int, core: int | None, probe: str, **env: str
+) -> dict:
+    raw = pod(name, mem, core, command=f"{PROBE} {probe}; cat /etc/ld.so.preload; sleep 3600")
+    mounts = {
+        "/fake-cuda": (str(local.our_dir / "fakecuda"), "Directory"),
+        "/fake-nvml": (str(local.our_dir / "fakenvml"), "Directory"),
+        "/nvml-world": (str(local.our_dir / "nvml-world"), "File"),
+        "/kernels": (str(local.our_dir / "kernels"), "DirectoryOrCreate"),
+        **{path: (path, "Directory") for path in HOST_LIBS},
+    }
+    names = {path: f"v{i}" for i, path in enumerate(mounts)}
+    spec = raw["spec"]
+    spec["volumes"] = [
+        {"name": names[path], "hostPath": {"path": host, "type": kind}}
+        for path, (host, kind) in mounts.items()
+    ]
+    app = spec["containers"][0]
+    app["volumeMounts"] = [
+        {"name": names[path], "mountPath": path, "readOnly": path != "/kernels"} for path in mounts
+    ]
+    app["env"] = [
+        {"name": key, "value": value}
+        for key, value in {
+            "LD_LIBRARY_PATH": "/fake-cuda:/fake-nvml",
+            "FAKE_NVML_CONFIG": "/nvml-world",
+            "FAKE_CUDA_LOCKS": "/kernels",
+            "FAKE_CUDA_KERNELS": "sleep",
+            **env,
+        }.items()
+    ]
+    return raw
+
+
+def probe_lines(local: LocalCluster, name: str, op: str, count: int = 1) -> list[dict[str, str]]:
+    """The probe's output lines of `op`, once the container has printed `count` of them."""
+
+    def printed() -> list[dict[str, str]] | None:
+        log = local.container_log(local.get("pod", name), "app")
+        lines = [parse_line(line) for line in log.splitlines() if line.startswith(f"{op} ")]
+        return lines if len(lines) >= count else None
+
+    return wait_for(f"{name} to print {op}", printed, timeout=60, every=0.5)
+
+
+def test_a_capped_pod_is_refused_at_the_call_and_sees_its_cap(
+    local: LocalCluster, nvml_node: NvmlNode, fake_cuda: FakeCuda
+):
+    gib = 1024**3
+    commands = f"dlsym init 0 alloc mem {3 * gib} alloc mem {gib} info nvml $NVIDIA_VISIBLE_DEVICES"
+    local.create([probe_pod(local, "capped", 2, None, commands)])
+    local.wait_running(WORKLOAD_LABEL, 1, timeout=60)
+
+    over, within = probe_lines(local, "capped", "alloc", 2)
+    [info] = probe_lines(local, "capped", "info")
+    [nvml] = probe_lines(local, "capped", "nvml")
+    log = local.container_log(local.get("pod", "capped"), "app")
+    assert over["rc"] == "2" and within["rc"] == "0"  # CUDA_ERROR_OUT_OF_MEMORY, then room
+    assert (info["total"], info["free"]) == (str(2 * gib), str(gib))
+    assert (nvml["rc"], nvml["total"], nvml["used"]) == ("0", str(2 * gib), str(gib))
+    assert "/usr/local/lib/gpushare/libgpushare-cuda.so" in log
+
+
+def test_a_pod_that_sets_cgpu_disable_is_left_alone(
+    local: LocalCluster, nvml_node: NvmlNode, fake_cuda: FakeCuda
+):
+    gib = 1024**3
+    raw = probe_pod(
+        local, "free", 2, None, f"link init 0 alloc mem {3 * gib} info", CGPU_DISABLE="true"
+    )
+    local.create([raw])
+    local.wait_running(WORKLOAD_LABEL, 1, timeout=60)
+
+    [alloc] = probe_lines(local, "free", "alloc")
+    [info] = probe_lines(local, "free", "info")
+    log = local.container_log(local.get("pod", "free"), "app")
+    assert alloc["rc"] == "0" and info["total"] == str(16 * gib)  # the fake's whole GPU
+    assert "libgpushare-cuda.so" not in log  # no /etc/ld.so.preload was mounted
+
+
+def test_two_pods_at_30_and_70_percent_are_paced_by_the_agent_at_their_launches(
+    local: LocalCluster, nvml_node: NvmlNode, fake_cuda: FakeCuda
+):
+    """The agent finds each pod's region through Allocate's accounting directory and holds
+    its launches at the gate in the slices its policy (fixed, auto on a core_mem GPU with
+    compute percentages) gives the other; kernels take their time one at a time on the
+    GPU, and each pod's kernel time is its share."""
+    loop = "link init 0 alloc mem 1048576 sleep 6000 loop kernel 200 8000"
+    local.create(
+        [probe_pod(local, "paced-a", 1, 30, loop), probe_pod(local, "paced-b", 1, 70, loop)]
+    )
+    local.wait_running(WORKLOAD_LABEL, 2, timeout=60)
+    pids = {n: wait_for(n, lambda n=n: container_pids(n), 10, 0.2) for n in ("paced-a", "paced-b")}
+    [gpu_uuid] = {_visible(local, n) for n in pids}
+    gpu = next(g for g in nvml_node.world.gpus if g.uuid == gpu_uuid)
+    gpu.processes = [
+        FakeProcess(pid, used_bytes=0, sm_percent=50) for found in pids.values() for pid in found
+    ]
+    nvml_node.write()
+    try:
+        done = {n: probe_lines(local, n, "loop")[0] for n in pids}
+    finally:
+        gpu.processes = []
+        nvml_node.write()
+    shares = {n: int(d["busy_ns"]) / 1e9 / float(d["seconds"]) for n, d in done.items()}
+    print(f"\ninterposer pacing, fixed 30/70: {shares}")
+    assert shares["paced-a"] == pytest.approx(0.30, abs=0.05)
+    assert shares["paced-b"] == pytest.approx(0.70, abs=0.05)
+    tree = local.control_dir / str(nvml_node.world.gpus.index(gpu))
+    flags = {p.name: (p / "interposer").read_text().strip() for p in tree.iterdir() if p.is_dir()}
+    assert sorted(flags.values()).count("1") >= 2, flags
 
 
 def test_a_critical_xid_takes_the_gpu_out_of_allocatable(local: LocalCluster, nvml_node: NvmlNode):

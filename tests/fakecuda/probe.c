@@ -14,6 +14,8 @@
  *   reached DEVICE           the fake's bytes allocated on DEVICE
  *   calls FUNCTION           the fake's count of calls of FUNCTION
  *   sleep MS
+ *   nvml UUID                the NVML memory info of the GPU of that UUID, as a program
+ *                            that dlopens libnvidia-ml.so.1 (nvidia-smi, pynvml) sees it
  *   wait                     read one line from standard input (a start signal)
  *   loop KIND MICROS MS      launch kernels of MICROS by KIND, back to back, for MS
  */
@@ -55,6 +57,30 @@ static const struct {
 };
 
 static const char *mode;
+
+/* NVML as a monitoring program uses it: its own dlopen, then dlsym of each name. */
+static int nvml_memory(const char *uuid, unsigned long long *total, unsigned long long *used) {
+    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (nvml == NULL)
+        return -1;
+    nvmlReturn_t (*init)(void) = (nvmlReturn_t(*)(void))dlsym(nvml, "nvmlInit_v2");
+    nvmlReturn_t (*by_uuid)(const char *, nvmlDevice_t *) =
+        (nvmlReturn_t(*)(const char *, nvmlDevice_t *))dlsym(nvml, "nvmlDeviceGetHandleByUUID");
+    nvmlReturn_t (*info)(nvmlDevice_t, nvmlMemory_t *) =
+        (nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_t *))dlsym(nvml, "nvmlDeviceGetMemoryInfo");
+    if (init == NULL || by_uuid == NULL || info == NULL)
+        return -2;
+    nvmlDevice_t device;
+    nvmlMemory_t memory;
+    nvmlReturn_t rc = init();
+    if (rc == 0)
+        rc = by_uuid(uuid, &device);
+    if (rc == 0)
+        rc = info(device, &memory);
+    if (rc == 0)
+        *total = memory.total, *used = memory.used;
+    return rc;
+}
 static void *driver;
 static cuGetProcAddress_v2_fn get_proc;
 
@@ -318,6 +344,11 @@ int main(int argc, char **argv) {
         } else if (strcmp(command, "calls") == 0) {
             i++;
             printf("calls function=%s count=%ld\n", arg, FIND(fakecuda_calls)(arg));
+        } else if (strcmp(command, "nvml") == 0) {
+            i++;
+            unsigned long long total = 0, used = 0;
+            int rc = nvml_memory(arg, &total, &used);
+            printf("nvml rc=%d total=%llu used=%llu\n", rc, total, used);
         } else if (strcmp(command, "wait") == 0) {
             char line[64];
             if (!fgets(line, sizeof line, stdin))

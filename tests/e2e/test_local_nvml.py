@@ -37,7 +37,7 @@ from tests.fakenvml import (
 pytestmark = [pytest.mark.realcluster, pytest.mark.timeout(600)]
 
 NVIDIA_MAJOR = 195
-T4 = FakeGpu("GPU-7e5e0c5f-0000-4000-8000-00000000a0t4", "Tesla T4", 15_109 * MIB, minor=0)
+T4 = FakeGpu("GPU-7e5e0c5f-0000-4000-8000-00000000a0f4", "Tesla T4", 15_109 * MIB, minor=0)
 A10 = FakeGpu("GPU-7e5e0c5f-0000-4000-8000-0000000000a1", "NVIDIA A10", 23_028 * MIB, minor=1)
 DEVICES = {"nvidia0": 0, "nvidia1": 1, "nvidiactl": 255}
 
@@ -236,7 +236,8 @@ def fake_cuda(local: LocalCluster, nvml_node: NvmlNode) -> FakeCuda:
 def probe_pod(
     local: LocalCluster, name: str, mem: int, core: int | None, probe: str, **env: str
 ) -> dict:
-    raw = pod(name, mem, core, command=f"{PROBE} {probe}; cat /etc/ld.so.preload; sleep 3600")
+    command = f"env | sort; {PROBE} {probe}; cat /etc/ld.so.preload; sleep 3600"
+    raw = pod(name, mem, core, command=command)
     mounts = {
         "/fake-cuda": (str(local.our_dir / "fakecuda"), "Directory"),
         "/fake-nvml": (str(local.our_dir / "fakenvml"), "Directory"),
@@ -332,7 +333,16 @@ def test_two_pods_at_30_and_70_percent_are_paced_by_the_agent_at_their_launches(
         FakeProcess(pid, used_bytes=0, sm_percent=50) for found in pids.values() for pid in found
     ]
     nvml_node.write()
+    tree = local.control_dir / str(nvml_node.world.gpus.index(gpu))
+
+    def under_the_interposer() -> int:
+        flags = [p / "interposer" for p in tree.iterdir() if (p / "interposer").is_file()]
+        return sum(f.read_text().strip() == "1" for f in flags)
+
     try:
+        # Shown in the control tree while they run (before their loops start).
+        wait_for("both pods shown under the interposer", lambda: under_the_interposer() == 2,
+                 timeout=5, every=0.2)  # fmt: skip
         done = {n: probe_lines(local, n, "loop")[0] for n in pids}
     finally:
         gpu.processes = []
@@ -341,9 +351,6 @@ def test_two_pods_at_30_and_70_percent_are_paced_by_the_agent_at_their_launches(
     print(f"\ninterposer pacing, fixed 30/70: {shares}")
     assert shares["paced-a"] == pytest.approx(0.30, abs=0.05)
     assert shares["paced-b"] == pytest.approx(0.70, abs=0.05)
-    tree = local.control_dir / str(nvml_node.world.gpus.index(gpu))
-    flags = {p.name: (p / "interposer").read_text().strip() for p in tree.iterdir() if p.is_dir()}
-    assert sorted(flags.values()).count("1") >= 2, flags
 
 
 def test_a_critical_xid_takes_the_gpu_out_of_allocatable(local: LocalCluster, nvml_node: NvmlNode):

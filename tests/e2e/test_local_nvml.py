@@ -314,6 +314,9 @@ def test_a_pod_that_sets_cgpu_disable_is_left_alone(
     assert "libgpushare-cuda.so" not in log  # no /etc/ld.so.preload was mounted
 
 
+PACED = ("paced-a", "paced-b")
+
+
 def test_two_pods_at_30_and_70_percent_are_paced_by_the_agent_at_their_launches(
     local: LocalCluster, nvml_node: NvmlNode, fake_cuda: FakeCuda
 ):
@@ -326,7 +329,7 @@ def test_two_pods_at_30_and_70_percent_are_paced_by_the_agent_at_their_launches(
         [probe_pod(local, "paced-a", 1, 30, loop), probe_pod(local, "paced-b", 1, 70, loop)]
     )
     local.wait_running(WORKLOAD_LABEL, 2, timeout=60)
-    pids = {n: wait_for(n, lambda n=n: container_pids(n), 10, 0.2) for n in ("paced-a", "paced-b")}
+    pids = {n: wait_for(n, lambda n=n: container_pids(n), 10, 0.2) for n in PACED}
     [gpu_uuid] = {_visible(local, n) for n in pids}
     gpu = next(g for g in nvml_node.world.gpus if g.uuid == gpu_uuid)
     gpu.processes = [
@@ -343,14 +346,25 @@ def test_two_pods_at_30_and_70_percent_are_paced_by_the_agent_at_their_launches(
         # Shown in the control tree while they run (before their loops start).
         wait_for("both pods shown under the interposer", lambda: under_the_interposer() == 2,
                  timeout=5, every=0.2)  # fmt: skip
+        # What the policy promises each while both have work (containers of pods deleted
+        # less than forget_after_s ago still hold their part under fixed shares).
+        entries = {
+            (p / "pod").read_text().strip().removeprefix("default/"): p
+            for p in tree.iterdir()
+            if (p / "pod").is_file()
+        }
+        promised = {n: float((entries[n] / "limit").read_text()) / 100 for n in PACED}
         done = {n: probe_lines(local, n, "loop")[0] for n in pids}
     finally:
         gpu.processes = []
         nvml_node.write()
     shares = {n: int(d["busy_ns"]) / 1e9 / float(d["seconds"]) for n, d in done.items()}
-    print(f"\ninterposer pacing, fixed 30/70: {shares}")
-    assert shares["paced-a"] == pytest.approx(0.30, abs=0.05)
-    assert shares["paced-b"] == pytest.approx(0.70, abs=0.05)
+    print(f"\ninterposer pacing, fixed 30/70: {shares}, promised {promised}")
+    assert shares["paced-a"] / (shares["paced-a"] + shares["paced-b"]) == pytest.approx(
+        0.30, abs=0.03
+    )
+    for name, share in shares.items():
+        assert share == pytest.approx(promised[name], abs=0.05), (shares, promised)
 
 
 def test_a_critical_xid_takes_the_gpu_out_of_allocatable(local: LocalCluster, nvml_node: NvmlNode):

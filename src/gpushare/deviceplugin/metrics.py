@@ -10,12 +10,13 @@ the demo can run several plugins in one process.
 from collections.abc import Callable, Iterator
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpushare.allocation import PodAllocation
 from gpushare.inventory import Gpu
+from gpushare.nodeflags.serving import serve_metrics
 
 PREFIX: Final = "gpushare_device_plugin"
 _LATENCY_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0)
@@ -102,7 +103,7 @@ class PluginMetrics:
         return self.registry.get_sample_value(name, {"node": self.node, **labels})
 
     def serve(self, port: int) -> None:
-        start_http_server(port, registry=self.registry)
+        serve_metrics(port, self.registry)
 
 
 class _GpuCollector(Collector):

@@ -20,8 +20,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Final
 
-from prometheus_client import start_http_server
-
 from gpushare.inventory import parse_layout
 from gpushare.isolation.agent import AgentConfig, IsolationAgent
 from gpushare.isolation.backends.mock import MockBackend, discovered_containers, mock_devices
@@ -44,6 +42,7 @@ from gpushare.isolation.policy import (
 )
 from gpushare.isolation.smi import DEFAULT_CONTROL_DIR
 from gpushare.nodeflags import add_node_flags, check_node_flags
+from gpushare.nodeflags.serving import serve_metrics
 from gpushare.nvmllib import bindings
 
 log = logging.getLogger("gpushare.isolation")
@@ -215,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("%s interposer-dir=%s", summary(args, config, backend), interposer)
     metrics = AgentMetrics(node=args.node_name)
     if args.metrics_port:
-        start_http_server(args.metrics_port, registry=metrics.registry)
+        serve_metrics(args.metrics_port, metrics.registry)
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 COMPONENTS = (
-    "cli", "deviceplugin", "extender", "isolation",
+    "cli", "commandline", "deviceplugin", "extender", "isolation",
     "kubecluster", "nodeflags", "nvmllib", "simulator", "testing",
 )  # fmt: skip
 

@@ -34,8 +34,10 @@ def test_demo_places_every_valid_example_and_refuses_the_invalid_one(capsys):
 
 
 def test_demo_without_examples_says_how_to_fix_it(tmp_path, capsys):
-    assert main(["demo", "--examples", str(tmp_path / "missing")]) == 2
-    assert "--examples" in capsys.readouterr().out
+    assert main(["demo", "--examples", str(tmp_path / "missing")]) == 1
+    assert f"gpushare demo: --examples {tmp_path / 'missing'}: does not exist" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize("args", [["demo", "--help"]])

@@ -54,8 +54,6 @@ def test_help_explains_every_flag():
     ("argv", "message"),
     [
         (["--tls-cert-file", "/nonexistent.crt"], "give both --tls-cert-file and --tls-key-file"),
-        (["--tls-cert-file", "/no.crt", "--tls-key-file", "/no.key"], "does not exist"),
-        (["--kubeconfig", "/nonexistent/kubeconfig"], "/nonexistent/kubeconfig does not exist"),
         (["--default-placement", "tetris"], "'tetris' is not a placement policy"),
         (["--max-pods-per-gpu", "0"], "at least 1"),
         (
@@ -82,7 +80,9 @@ def test_help_explains_every_flag():
     ],
 )
 def test_bad_flags_stop_it_with_the_reason(argv, message, capsys):
-    assert main(argv) == 2
+    with pytest.raises(SystemExit) as exited:  # argparse's way: usage line, status 2
+        main(argv)
+    assert exited.value.code == 2
     assert message in capsys.readouterr().err
 
 

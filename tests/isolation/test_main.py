@@ -41,16 +41,21 @@ def test_help_explains_every_flag_of_the_contract(capsys):
         assert env in out
 
 
-def test_mock_without_a_layout_says_so(tmp_path, caplog):
+def test_mock_without_a_layout_says_so(tmp_path, capsys):
     args = ["--node-name", "n", "--backend", "mock", "--metrics-port", "0"]
-    assert main([*args, "--control-dir", str(tmp_path)]) == 2
-    assert "--mock-gpus" in caplog.text
+    with pytest.raises(SystemExit) as exited:
+        main([*args, "--control-dir", str(tmp_path)])
+    assert exited.value.code == 2
+    assert "--backend mock needs --mock-gpus" in capsys.readouterr().err
 
 
-def test_a_bad_layout_is_named(tmp_path, caplog):
+def test_a_bad_layout_is_named(tmp_path, capsys):
     args = ["--node-name", "n", "--backend", "mock", "--mock-gpus", "2xbig", "--metrics-port", "0"]
-    assert main([*args, "--control-dir", str(tmp_path)]) == 2
-    assert "--mock-gpus" in caplog.text and "2xbig" in caplog.text
+    with pytest.raises(SystemExit) as exited:
+        main([*args, "--control-dir", str(tmp_path)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--mock-gpus" in err and "2xbig" in err
 
 
 def test_without_nvml_the_agent_says_how_to_run(tmp_path, caplog):
@@ -64,7 +69,7 @@ def test_without_nvml_the_agent_says_how_to_run(tmp_path, caplog):
         pass
     args = ["--node-name", "n", "--backend", "nvml", "--control-dir", str(tmp_path)]
     args += ["--metrics-port", "0"]
-    assert main(args) == 2
+    assert main(args) == 1  # no GPUs to read: a run that cannot start
     assert "NVML is not available" in caplog.text and "--backend mock" in caplog.text
 
 

@@ -75,7 +75,8 @@ def test_the_control_dir_comes_from_the_environment(tmp_path):
 def test_a_missing_tree_says_what_to_do(tmp_path, capsys):
     assert smi.main(["--control-dir", str(tmp_path / "none")]) == 1
     err = capsys.readouterr().err
-    assert "no control tree" in err and "--control-dir" in err
+    assert f"--control-dir {tmp_path / 'none'}: does not exist" in err
+    assert "is gpushare-isolation running" in err
 
 
 def test_a_plain_cgpu_tree_without_gpushare_files_still_lists_containers(tmp_path, capsys):

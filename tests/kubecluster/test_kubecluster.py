@@ -200,7 +200,7 @@ def test_from_config_without_any_configuration_names_what_it_tried(no_configurat
         KubeCluster.from_config(None)
     message = str(missing.value)
     assert "~/.kube/config" in message and "in-cluster" in message
-    with pytest.raises(ConfigException, match="kubeconfig /nonexistent/config does not exist"):
+    with pytest.raises(ConfigException, match="the kubeconfig /nonexistent/config: does not exist"):
         KubeCluster.from_config("/nonexistent/config")
 
 

@@ -67,7 +67,7 @@ def test_bad_flags_are_refused_with_the_reason(capsys, flags, message):
 
 def test_a_missing_trace_file_is_reported(capsys, tmp_path):
     code = main(["simulate", "--nodes", str(tmp_path / "none.csv"), "--no-progress"])
-    assert code == 2
+    assert code == 1  # a run that cannot start, not a bad flag
     assert "cannot read trace file" in capsys.readouterr().err
 
 
@@ -107,7 +107,7 @@ def test_a_malformed_trace_row_is_one_line_naming_file_and_line(capsys, small, t
     pods = tmp_path / "pods.csv"
     pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np1,1000,1024\n")
     code = main(["simulate", "--nodes", str(nodes), "--pods", str(pods), "--no-progress"])
-    assert code == 2
+    assert code == 1
     err = capsys.readouterr().err.strip()
     assert err == f"gpushare simulate: {pods}:2: the row has fewer fields than the header's 6"
 

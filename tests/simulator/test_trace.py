@@ -88,7 +88,7 @@ def test_a_row_of_the_wrong_length_is_named_with_its_line(tmp_path, row, size):
 def test_a_file_that_is_not_utf8_text_is_a_trace_error(tmp_path):
     nodes, pods = write(tmp_path, [("n1", 1, 1, 1, "T4")], [("p", 1, 1, 1, 10, "")])
     pods.write_bytes(b"\xff\xfe\x00\x01binary")
-    with pytest.raises(TraceError, match=r"pods\.csv: not a CSV file in UTF-8"):
+    with pytest.raises(TraceError, match=r"pods\.csv: is not UTF-8 text"):
         load(nodes, pods)
 
 

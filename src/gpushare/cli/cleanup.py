@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
-from kubernetes.config import ConfigException
-
 from gpushare.cluster import ClusterError, NotFound
 from gpushare.inventory import NODE_GPUS_ANNOTATION
 
@@ -155,15 +153,9 @@ def _remove(
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from gpushare.kubecluster import (
-            KubeCluster,  # the Kubernetes adapter: only this command needs it
-        )
+    from gpushare.kubecluster import KubeCluster  # the Kubernetes adapter: only this command
 
-        cluster = KubeCluster.from_config(args.kubeconfig)
-    except ConfigException as err:
-        print(f"{PROG}: cannot reach the cluster: {err}", file=sys.stderr)
-        return 1
+    cluster = KubeCluster.from_config(args.kubeconfig)  # ConfigException: gpushare main says it
     leases = ", ".join(map(str, args.lease)) or "none"
     secrets = ", ".join(map(str, args.secret)) or "none"
     print(

@@ -13,10 +13,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kubernetes.config import ConfigException
-
 from gpushare.allocation import PodAllocation
-from gpushare.cluster.port import Cluster, ClusterError, NotFound
+from gpushare.cluster.port import Cluster
+from gpushare.commandline import add_version_flag, exit_status
 from gpushare.objects import Node
 from gpushare.state import ClusterState, NodeState
 from gpushare.table import render
@@ -147,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)",
     )
+    add_version_flag(parser)
     return parser
 
 
@@ -158,20 +158,18 @@ def inspect(cluster: Cluster, node: str | None, show_details: bool) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")
-    try:
-        # Imported here: the Kubernetes adapter is only needed against a real cluster.
-        from gpushare.kubecluster import KubeCluster
+    return exit_status(parser, lambda: _run(args))
 
-        cluster = KubeCluster.from_config(args.kubeconfig)
-        print(inspect(cluster, args.node, args.details))
-    except NotFound as err:
-        print(f"kubectl inspect cgpu: {err}", file=sys.stderr)
-        return 1
-    except (ClusterError, ConfigException) as err:
-        print(f"kubectl inspect cgpu: cannot read the cluster: {err}", file=sys.stderr)
-        return 1
+
+def _run(args: argparse.Namespace) -> int:
+    # Imported here: the Kubernetes adapter is only needed against a real cluster.
+    from gpushare.kubecluster import KubeCluster
+
+    cluster = KubeCluster.from_config(args.kubeconfig)
+    print(inspect(cluster, args.node, args.details))
     return 0
 
 

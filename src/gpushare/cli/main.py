@@ -6,6 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from gpushare.cli import cleanup, demo, simulate
+from gpushare.commandline import add_version_flag, exit_status
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,10 +15,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="GPU sharing for Kubernetes, compatible with ACK's shared-GPU model (cGPU).",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    add_version_flag(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo.register(commands)
     simulate.register(commands)
     cleanup.register(commands)
+    for command in commands.choices.values():
+        # Errors are said under the subcommand's name and usage ("gpushare demo: ...").
+        command.set_defaults(parser=command)
     return parser
 
 
@@ -27,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return int(args.run(args) or 0)
+    return exit_status(args.parser, lambda: int(args.run(args) or 0))
 
 
 if __name__ == "__main__":

@@ -198,9 +198,9 @@ def run(args: argparse.Namespace) -> int:
             return 2
     try:
         trace = load(args.nodes, args.pods)
-    except TraceError as err:
+    except TraceError as err:  # a file that cannot be read or parsed: the run cannot start
         print(f"gpushare simulate: {err}", file=sys.stderr)
-        return 2
+        return 1
     choices: list[PolicyChoice] = args.policies
     labels = ",".join(c.label for c in choices)
     print(

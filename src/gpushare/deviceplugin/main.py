@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Final
 
 from gpushare.cluster import Cluster
+from gpushare.commandline import add_version_flag, exit_status
 from gpushare.deviceplugin.backends.mock import MockBackend
 from gpushare.deviceplugin.backends.nvml import NvmlBackend
 from gpushare.deviceplugin.backends.port import GpuBackend
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=env.get("KUBECONFIG", ""),
         help="kubeconfig file; empty means in-cluster credentials (env KUBECONFIG)",
     )
+    add_version_flag(parser)
     return parser
 
 
@@ -101,6 +103,10 @@ def build_backend(args: argparse.Namespace) -> GpuBackend:
             raise ValueError(
                 "--backend mock needs --mock-gpus (or GPUSHARE_MOCK_GPUS), e.g. 2x16GiB"
             )
+        health = args.mock_health_file
+        if os.path.lexists(health) and not health.is_file():
+            # It is polled every second: a FIFO there would hang the poll, a directory fail it.
+            raise ValueError(f"--mock-health-file {health}: not a regular file")
         return MockBackend.from_layout(args.mock_gpus, args.node_name, args.mock_health_file)
     return NvmlBackend(bindings(), dev_root=args.dev_root, memory_rounding=args.gpu_memory_rounding)
 
@@ -186,6 +192,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    return exit_status(parser, lambda: _serve(args))
+
+
+def _serve(args: argparse.Namespace) -> int:
     from gpushare.kubecluster import KubeCluster  # the Kubernetes API adapter, only in production
 
     cluster = KubeCluster.from_config(args.kubeconfig or None)

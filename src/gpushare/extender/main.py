@@ -17,11 +17,19 @@ import argparse
 import gc
 import logging
 import re
+import ssl
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpushare.commandline import (
+    InputFileError,
+    UsageError,
+    add_version_flag,
+    exit_status,
+    read_text,
+)
 from gpushare.extender.policychoice import validate_default
 from gpushare.extender.schedulernames import DEFAULT_SCHEDULER
 from gpushare.extender.server import HttpServer
@@ -121,15 +129,17 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="log level (default info)",
     )
+    add_version_flag(parser)
     return parser
 
 
 def config_from(args: argparse.Namespace) -> ExtenderConfig:
+    """The configuration the flags give; ValueError naming the flag that cannot work,
+    InputFileError naming a TLS file that cannot be used."""
     if (args.tls_cert_file is None) != (args.tls_key_file is None):
         raise ValueError("give both --tls-cert-file and --tls-key-file, or neither")
-    for path in (args.tls_cert_file, args.tls_key_file):
-        if path is not None and not path.is_file():
-            raise ValueError(f"TLS file {path} does not exist")
+    if args.tls_cert_file is not None:
+        check_tls_files(args.tls_cert_file, args.tls_key_file)
     if args.max_pods_per_gpu < 1:
         raise ValueError(f"--max-pods-per-gpu must be at least 1, got {args.max_pods_per_gpu}")
     ports = {"--port": args.port, "--ops-port": args.ops_port}
@@ -152,6 +162,22 @@ def config_from(args: argparse.Namespace) -> ExtenderConfig:
         default_placement=validate_default(args.default_placement, POLICIES),
         max_pods_per_gpu=args.max_pods_per_gpu,
     )
+
+
+def check_tls_files(cert: Path, key: Path) -> None:
+    """Loads the pair as the webhook's server will: a file that is not a PEM certificate
+    and its key is said now, not in the webhook's thread once the verbs are serving."""
+    read_text(cert, "--tls-cert-file")
+    read_text(key, "--tls-key-file")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except ssl.SSLError as err:
+        raise InputFileError(
+            "--tls-cert-file",
+            cert,
+            f"with --tls-key-file {key}, not a PEM certificate and its private key "
+            f"({err.reason or err})",
+        ) from None
 
 
 def _flags(values: dict[str, int]) -> str:
@@ -196,24 +222,25 @@ def _report_sync(service: ExtenderService) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    return exit_status(parser, lambda: run(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serves until kube-scheduler's verbs stop (SIGTERM)."""
     try:
         config = config_from(args)
     except ValueError as err:
-        print(f"gpushare-extender: {err}", file=sys.stderr)
-        return 2
+        raise UsageError(str(err)) from None
     from gpushare.kubecluster import KubeCluster
 
-    try:
-        cluster = KubeCluster.from_config(args.kubeconfig, connections=API_CONNECTIONS)
-        service = ExtenderService(cluster, config)
-    except Exception as err:  # no cluster to talk to: say so and stop
-        print(f"gpushare-extender: cannot start: {err}", file=sys.stderr)
-        return 2
+    cluster = KubeCluster.from_config(args.kubeconfig, connections=API_CONNECTIONS)
+    service = ExtenderService(cluster, config)
     log.info("%s, API server from %s", config.summary(), cluster.origin)
     service.start_watching()
     threading.Thread(target=_report_sync, args=(service,), name="sync", daemon=True).start()

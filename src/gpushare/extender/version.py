@@ -1,8 +1,6 @@
-"""The version the extender reports on /version and in its start line."""
+"""The version the extender reports on /version and in its start line: the installed
+package's, as every binary's --version prints it."""
 
-from importlib.metadata import PackageNotFoundError, version
+from gpushare.commandline import package_version
 
-try:
-    VERSION = version("kube-gpushare")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    VERSION = "0+unknown"
+VERSION = package_version()

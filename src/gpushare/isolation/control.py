@@ -29,6 +29,8 @@ from gpushare.isolation.treecodec import (
 
 SAVED_SETTINGS: Final = ".settings.json"
 """Settings the agent accepted, kept beside the tree so they survive an agent restart."""
+_MAX_FILE_CHARS: Final = 1 << 20
+"""What a reader takes of one file: the tree's are a few lines, a stray big file is cut."""
 _YOUNG_NS: Final = 50_000_000
 """Files whose mtime is younger than this are read, not just stat'ed (see _changed)."""
 
@@ -159,12 +161,18 @@ def read_files(root: Path) -> dict[str, str]:
                 continue
             path = f"{prefix}{entry.name}"
             if entry.is_dir():
-                if path.count("/") < 2:  # a GPU's directory or a container's, no deeper
+                # A GPU's directory (named by its index) or a container's in it, no deeper:
+                # pointed at another directory (/tmp), the reader stays out of its trees.
+                if (prefix or entry.name.isdigit()) and path.count("/") < 2:
                     pending.append((f"{path}/", entry.path))
                 continue
+            if not entry.is_file():
+                continue  # a FIFO or a socket is no file of the tree, and would block or fail
             try:
-                with open(entry.path, errors="replace") as file:
-                    files[path] = file.read()
+                # Non-blocking: a FIFO put in the file's place since the scan would hang us.
+                fd = os.open(entry.path, os.O_RDONLY | os.O_NONBLOCK)
+                with open(fd, errors="replace") as file:
+                    files[path] = file.read(_MAX_FILE_CHARS)
             except (FileNotFoundError, IsADirectoryError):
                 continue
     return files

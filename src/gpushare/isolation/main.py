@@ -15,11 +15,18 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import FrameType
 from typing import Final
 
+from gpushare.commandline import (
+    InputFileError,
+    UsageError,
+    add_version_flag,
+    check_directory,
+    exit_status,
+    package_version,
+)
 from gpushare.inventory import parse_layout
 from gpushare.isolation.agent import AgentConfig, IsolationAgent
 from gpushare.isolation.backends.mock import MockBackend, discovered_containers, mock_devices
@@ -52,10 +59,7 @@ METRICS_PORT: Final = 9402
 
 
 def agent_version() -> str:
-    try:
-        return f"gpushare-isolation {version('kube-gpushare')}"
-    except PackageNotFoundError:
-        return "gpushare-isolation (not installed)"
+    return f"gpushare-isolation {package_version()}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="prio_ratio of each GPU at start, 20..99: the percent of compute high-priority "
         "containers may take (default %(default)s)",
     )
+    add_version_flag(parser)
     return parser
 
 
@@ -159,14 +164,15 @@ def install_interposer(directory: Path | None) -> str:
 
 
 def build_backend(args: argparse.Namespace, clock: Clock) -> GpuBackend:
-    """The backend the flags ask for; raises RuntimeError saying what to fix."""
+    """The backend the flags ask for; UsageError naming a flag that cannot work,
+    RuntimeError saying what to fix when the GPUs cannot be read."""
     if args.backend == "mock":
         if not args.mock_gpus:
-            raise RuntimeError("--backend mock needs --mock-gpus (e.g. 2x16GiB)")
+            raise UsageError("--backend mock needs --mock-gpus (e.g. 2x16GiB)")
         try:
             gpus = parse_layout(args.mock_gpus, args.node_name)
         except ValueError as err:
-            raise RuntimeError(f"--mock-gpus: {err}") from None
+            raise UsageError(f"--mock-gpus: {err}") from None
         processes = ProcessTable(args.proc_root)
         return MockBackend(
             mock_devices(gpus),
@@ -180,6 +186,17 @@ def build_backend(args: argparse.Namespace, clock: Clock) -> GpuBackend:
         clock,
         memory_rounding=args.gpu_memory_rounding,
     )
+
+
+def check_directories(args: argparse.Namespace) -> None:
+    """The host trees the agent reads must be there; the control tree it makes, unless a
+    file stands in its place. InputFileError names the flag otherwise."""
+    check_directory(args.proc_root, "--proc-root")
+    if args.backend == "nvml":
+        check_directory(args.cgroup_root, "--cgroup-root")
+    control: Path = args.control_dir
+    if os.path.lexists(control) and not control.is_dir():
+        raise InputFileError("--control-dir", control, "exists and is not a directory")
 
 
 def summary(args: argparse.Namespace, config: AgentConfig, backend: GpuBackend) -> str:
@@ -204,17 +221,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    return exit_status(parser, lambda: run(args, config))
+
+
+def run(args: argparse.Namespace, config: AgentConfig) -> int:
+    """Enforces until SIGTERM or SIGINT; 1 when the GPUs or the metrics port cannot be had."""
+    check_directories(args)
     clock = SystemClock()
     try:
         backend = build_backend(args, clock)
     except RuntimeError as err:
         log.error("cannot start: %s", err)
-        return 2
+        return 1
     interposer = install_interposer(args.interposer_dir)
     log.info("%s interposer-dir=%s", summary(args, config, backend), interposer)
     metrics = AgentMetrics(node=args.node_name)
     if args.metrics_port:
-        serve_metrics(args.metrics_port, metrics.registry)
+        try:
+            serve_metrics(args.metrics_port, metrics.registry)
+        except OSError as err:
+            log.error(
+                "cannot serve metrics on port %d (%s); pick another --metrics-port or 0",
+                args.metrics_port,
+                err,
+            )
+            return 1
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gpushare.commandline import InputFileError, add_version_flag, check_directory, exit_status
 from gpushare.isolation.backends.port import GIB
 from gpushare.isolation.control import read_files
 from gpushare.isolation.treecodec import ContainerEntry, GpuEntry, decode
@@ -72,14 +73,19 @@ class NoControlTree(Exception):
     pass
 
 
+_RUNNING = (
+    "is gpushare-isolation running on this node? Pass --control-dir or set GPUSHARE_CONTROL_DIR"
+)
+
+
 def read_report(root: Path) -> Report:
-    files = read_files(root)
-    if "version" not in files:
-        raise NoControlTree(
-            f"no control tree at {root}; is gpushare-isolation running on this node? "
-            "Pass --control-dir or set GPUSHARE_CONTROL_DIR"
-        )
-    content = decode(files)
+    """The tree at `root`; NoControlTree saying why there is none there."""
+    try:
+        content = decode(read_files(check_directory(root, "--control-dir")))
+    except InputFileError as err:
+        raise NoControlTree(f"{err}; {_RUNNING}") from None
+    except ValueError as err:  # no version file, or one of its top-level values garbled
+        raise NoControlTree(f"no control tree at {root} ({err}); {_RUNNING}") from None
     return Report(str(root), content.version, tuple(_gpu_row(gpu) for gpu in content.gpus))
 
 
@@ -171,11 +177,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="the agent's control tree (env GPUSHARE_CONTROL_DIR; default %(default)s)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_version_flag(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return exit_status(parser, lambda: show(args))
+
+
+def show(args: argparse.Namespace) -> int:
     try:
         report = read_report(args.control_dir)
     except NoControlTree as missing:

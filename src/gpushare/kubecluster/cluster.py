@@ -33,6 +33,7 @@ from gpushare.cluster import (
     ObjectRef,
     WatchEvent,
 )
+from gpushare.commandline import InputFileError, read_yaml
 from gpushare.objects import Node, Pod
 
 log = logging.getLogger(__name__)
@@ -377,9 +378,7 @@ def load_configuration(kubeconfig: str | None, configuration: client.Configurati
     Raises ConfigException naming what it tried when none of them works.
     """
     if kubeconfig:
-        if not _existing(kubeconfig):
-            raise ConfigException(f"the kubeconfig {kubeconfig} does not exist")
-        return _load_kubeconfig(kubeconfig, configuration)
+        return _load_kubeconfig(kubeconfig, configuration, given=True)
     listed = os.environ.get(KUBECONFIG_ENV, "")
     paths = listed or HOME_KUBECONFIG
     if _existing(paths):
@@ -401,11 +400,37 @@ def _existing(paths: str) -> list[str]:
     return [path for path in expanded if os.path.isfile(path)]
 
 
-def _load_kubeconfig(paths: str, configuration: client.Configuration) -> str:
+def _check_kubeconfig(path: str) -> None:
+    """Raises ConfigException saying why `path` cannot be a kubeconfig: checked before the
+    client reads it, which would block on a FIFO and fail with a TypeError on a file that
+    is YAML but not a mapping."""
+    try:
+        documents = read_yaml(path, "the kubeconfig")
+    except InputFileError as err:
+        raise ConfigException(str(err)) from None
+    if not documents or not isinstance(documents[0], dict):
+        raise ConfigException(
+            f"the kubeconfig {path} is not a kubeconfig: it holds no mapping of clusters, "
+            "contexts and users"
+        )
+
+
+def _load_kubeconfig(paths: str, configuration: client.Configuration, given: bool = False) -> str:
+    """Loads the kubeconfig files of `paths`; each must exist when `given` (a flag names
+    them), else those missing are skipped, as kubectl skips them in $KUBECONFIG."""
+    listed = [os.path.expanduser(path) for path in paths.split(os.pathsep) if path]
+    for path in listed if given else _existing(paths):
+        _check_kubeconfig(path)
     try:
         config.load_kube_config(config_file=paths, client_configuration=configuration)
     except ConfigException as err:
         raise ConfigException(f"the kubeconfig {paths}: {err}") from None
+    except (TypeError, KeyError, AttributeError, ValueError) as err:
+        # The client indexes the mapping as it finds it: a field of the wrong shape (a
+        # string where a list of clusters belongs) fails inside it with one of these.
+        raise ConfigException(
+            f"the kubeconfig {paths} is not a valid kubeconfig ({type(err).__name__}: {err})"
+        ) from None
     return f"kubeconfig {paths}"
 
 

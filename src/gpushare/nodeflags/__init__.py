@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Final
 
+from gpushare.commandline import InputFileError, read_text
 from gpushare.inventory import MemoryRounding
 
 BACKENDS: Final = ("nvml", "mock")
@@ -90,11 +91,14 @@ def check_node_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 
 def layout_or_file(value: str) -> str:
-    """The layout itself, or the content of the file `value` names (a ConfigMap mount)."""
-    path = Path(value)
-    if value and path.is_file():
-        return path.read_text().strip()
-    return value
+    """The layout itself, or the content of the file `value` names (a ConfigMap mount):
+    a path that exists is read as such, so a directory or an unreadable file is said."""
+    if not (value and os.path.lexists(value)):
+        return value
+    try:
+        return read_text(value, "file").strip()
+    except InputFileError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def port(value: str) -> int:

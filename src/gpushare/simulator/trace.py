@@ -8,10 +8,12 @@ one GPU (a shared slice) or k whole GPUs (exclusive).
 """
 
 import csv
+import io
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from gpushare.commandline import InputFileError, read_text
 from gpushare.inventory import Gpu, NodeGpus
 from gpushare.labels import NodeMode
 from gpushare.request import ContainerRequest, ContainerRole, PodRequest
@@ -140,7 +142,9 @@ def load(nodes_csv: Path, pods_csv: Path) -> Trace:
 
 def _rows(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
     try:
-        with path.open(newline="") as handle:  # pragma: no mutate: no field holds a newline
+        # Read whole and checked first: a FIFO or a directory is refused, not waited on.
+        text = read_text(path, "cannot read trace file")
+        with io.StringIO(text, newline="") as handle:  # pragma: no mutate: no field holds one
             reader = csv.DictReader(handle)
             missing = [c for c in columns if c not in (reader.fieldnames or ())]
             if missing:
@@ -160,10 +164,10 @@ def _rows(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str
                     )
                 rows.append((reader.line_num, row))
             return rows
-    except OSError as err:
-        raise TraceError(f"cannot read trace file {path}: {err.strerror}") from err
-    except (UnicodeDecodeError, csv.Error) as err:
-        raise TraceError(f"{path}: not a CSV file in UTF-8: {err}") from err
+    except InputFileError as err:
+        raise TraceError(str(err)) from err
+    except csv.Error as err:
+        raise TraceError(f"{path}: not a CSV file: {err}") from err
 
 
 def _int(path: Path, number: int, row: dict[str, str], column: str) -> int:

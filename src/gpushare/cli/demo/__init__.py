@@ -13,15 +13,17 @@ import argparse
 from importlib import resources
 from pathlib import Path
 
-import yaml
+from pydantic import ValidationError
 
 from gpushare.allocation import PodAllocation
 from gpushare.cli.demo import admission
 from gpushare.cli.demo.extender import LARGE_MODELS, ExtenderStage
 from gpushare.cli.demo.isolation import run_stage as isolation_stage
 from gpushare.cluster.memory import MemoryCluster, gpu_node
+from gpushare.commandline import InputFileError, check_directory, read_yaml
 from gpushare.inventory import parse_layout
 from gpushare.manifests import pods_from_manifests
+from gpushare.objects import Pod
 from gpushare.state import ClusterState
 from gpushare.table import render
 
@@ -54,10 +56,9 @@ def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
 
 
 def run(args: argparse.Namespace) -> int:
-    examples: Path = args.examples
-    if not examples.is_dir():
-        print(f"gpushare demo: no examples directory at {examples}; pass --examples DIR")
-        return 2
+    examples = check_directory(args.examples, "--examples")
+    # Every file is read before anything runs: a bad one is said at once, by name and line.
+    manifests = [(path, _pods(path)) for path in sorted(examples.rglob("*.yaml"))]
     cluster = MemoryCluster()
     for name, mode, layout, ip in DEMO_NODES:
         cluster.add_node(gpu_node(name, parse_layout(layout, name), mode=mode, ip=ip))
@@ -67,9 +68,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     with ExtenderStage(cluster) as stage:
         print(f"Scheduling through the {stage.describe()}:")
-        for path in sorted(examples.rglob("*.yaml")):
-            documents = list(yaml.safe_load_all(path.read_text()))
-            for pod in pods_from_manifests(documents):
+        for path, pods in manifests:
+            for pod in pods:
                 print(f"{path.relative_to(examples)}: {stage.submit(pod)}")
         for pod in LARGE_MODELS:
             print(f"(48 GiB model): {stage.submit(pod)}")
@@ -81,6 +81,26 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(isolation_stage())
     return 0
+
+
+def _pods(path: Path) -> list[Pod]:
+    """The pods the manifests of `path` make; InputFileError saying why there are none."""
+    documents = read_yaml(path, "--examples file")
+    for number, document in enumerate(documents, 1):
+        if document is not None and not isinstance(document, dict):
+            raise InputFileError(
+                "--examples file", path, f"document {number} is not a Kubernetes object"
+            )
+    try:
+        return pods_from_manifests(documents)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise InputFileError(
+            "--examples file", path, f"not a valid pod: {where}: {first['msg']}"
+        ) from None
+    except ValueError as err:  # a replica count that is not a number
+        raise InputFileError("--examples file", path, f"not a valid workload: {err}") from None
 
 
 def gpu_table(cluster: MemoryCluster) -> str:

@@ -256,6 +256,7 @@ def test_an_agent_started_on_its_own_finds_the_fake_through_its_environment(spaw
     write_world(world_path, world)
     leaky = spawn("ml/leaky", cap_gib=1)
     control = tmp_path / "cgpu"
+    (tmp_path / "cgroup").mkdir()
     command = [
         *(sys.executable, "-m", "gpushare.isolation.main", "--backend", "nvml", "--node-name", "n"),
         *("--control-dir", str(control), "--cgroup-root", str(tmp_path / "cgroup")),

@@ -89,3 +89,10 @@ def test_the_account_it_names_is_the_one_the_daemonset_runs_as():
     account = daemonset["spec"]["template"]["spec"]["serviceAccountName"]
     [condition] = rendered.one("ValidatingAdmissionPolicy")["spec"]["matchConditions"]
     assert f'"system:serviceaccount:gpu:{account}"' in condition["expression"]
+
+
+def test_the_notes_say_what_stays_open_below_1_30_and_nothing_from_it():
+    assert "below 1.30" in render(kube_version="v1.29.9").notes
+    assert "below 1.30" not in render(kube_version="v1.30.0").notes
+    off = render({"devicePlugin": {"ownNodePolicy": False}}, kube_version="v1.29.9")
+    assert "below 1.30" not in off.notes

@@ -5,14 +5,15 @@ account change its own Node and the pods bound to that node, and no other Node o
 """
 
 import json
-import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from gpushare.cluster import ClusterError
+from gpushare.kubecluster import KubeCluster
 from tests.e2e.kube import run, wait_for
 from tests.e2e.local import NODE, NODE_POD, SYSTEM_NAMESPACE, LocalCluster
 from tests.e2e.workloads import BUSYBOX, WORKLOAD_LABEL
@@ -38,31 +39,40 @@ def scoped(local: LocalCluster) -> Iterator[LocalCluster]:
     local.kubectl("delete", "node", OTHER_NODE, "--ignore-not-found")
 
 
-def as_plugin(
-    local: LocalCluster, *args: str, kubeconfig: Path | None = None, stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    """kubectl with the device plugin's kubeconfig (its pod-bound token), or another."""
-    kubeconfig = kubeconfig or local.our_dir / "node.kubeconfig"
-    return run(["kubectl", "--kubeconfig", str(kubeconfig), *args], check=False, stdin=stdin)
+def as_plugin(local: LocalCluster, kubeconfig: Path | None = None) -> KubeCluster:
+    """The plugin's own API adapter with its kubeconfig (its pod-bound token), or another.
+    (kubectl reads an object before it patches it, which the plugin may not for nodes.)"""
+    return KubeCluster.from_config(str(kubeconfig or local.our_dir / "node.kubeconfig"))
 
 
-def annotate(local: LocalCluster, *target: str, kubeconfig: Path | None = None) -> str:
-    """Annotates the target as the plugin: '' when allowed, else the API server's refusal."""
-    result = as_plugin(
-        local, "annotate", *target, f"{NOTE}=plugin", "--overwrite", kubeconfig=kubeconfig
-    )
-    return "" if result.returncode == 0 else result.stderr
+def refusal(change: Callable[[], object]) -> str:
+    """'' when the change is allowed, else the API server's refusal."""
+    try:
+        change()
+    except ClusterError as err:
+        return str(err)
+    return ""
+
+
+def annotate_node(local: LocalCluster, name: str, kubeconfig: Path | None = None) -> str:
+    plugin = as_plugin(local, kubeconfig)
+    return refusal(lambda: plugin.patch_node_annotations(name, {NOTE: "plugin"}))
+
+
+def annotate_pod(local: LocalCluster, name: str) -> str:
+    plugin = as_plugin(local)
+    return refusal(lambda: plugin.patch_pod_annotations("default", name, {NOTE: "plugin"}))
 
 
 def in_force(local: LocalCluster) -> str:
-    """The refusal of another node's annotation, once the API server enforces the
-    policy (it loads a new policy asynchronously)."""
-    return wait_for(
-        "the policy to refuse another node's annotation",
-        lambda: annotate(local, "node", OTHER_NODE),
-        timeout=30,
-        every=0.5,
-    )
+    """The policy's refusal of another node's annotation, once the API server enforces
+    the policy (it loads a new policy asynchronously)."""
+
+    def refused() -> str | None:
+        answer = annotate_node(local, OTHER_NODE)
+        return answer if "may change only" in answer else None
+
+    return wait_for("the policy to refuse another node's annotation", refused, 30, every=0.5)
 
 
 def unbound_pod(name: str) -> dict[str, Any]:
@@ -109,7 +119,9 @@ def test_the_policy_is_in_force_and_its_expressions_type_check(scoped: LocalClus
 
 
 def test_the_plugins_token_names_its_node(scoped: LocalCluster):
-    review = json.loads(as_plugin(scoped, "auth", "whoami", "-o", "json").stdout)
+    kubeconfig = str(scoped.our_dir / "node.kubeconfig")
+    whoami = run(["kubectl", "--kubeconfig", kubeconfig, "auth", "whoami", "-o", "json"])
+    review = json.loads(whoami.stdout)
     extra = review["status"]["userInfo"]["extra"]
     assert extra[NODE_KEY] == [NODE]
     assert extra["authentication.kubernetes.io/pod-name"] == [NODE_POD]
@@ -121,7 +133,7 @@ def test_the_plugin_annotates_its_own_node_but_no_other(scoped: LocalCluster):
         refused
     ), refused
     assert NOTE not in scoped.get("node", OTHER_NODE)["metadata"].get("annotations", {})
-    assert annotate(scoped, "node", NODE) == ""
+    assert annotate_node(scoped, NODE) == ""
     assert scoped.get("node", NODE)["metadata"]["annotations"][NOTE] == "plugin"
     scoped.kubectl("annotate", "node", NODE, f"{NOTE}-")
 
@@ -130,16 +142,16 @@ def test_the_plugin_annotates_pods_bound_to_its_node_but_no_other(scoped: LocalC
     in_force(scoped)
     bound_pod(scoped, "elsewhere", OTHER_NODE)
     bound_pod(scoped, "here", NODE)
-    refused = annotate(scoped, "pod", "elsewhere")
+    refused = annotate_pod(scoped, "elsewhere")
     assert (
         f"may change only pods bound to it, not default/elsewhere (bound to {OTHER_NODE})"
         in refused
     ), refused
     assert NOTE not in scoped.get("pod", "elsewhere")["metadata"].get("annotations", {})
-    assert annotate(scoped, "pod", "here") == ""
+    assert annotate_pod(scoped, "here") == ""
     assert scoped.get("pod", "here")["metadata"]["annotations"][NOTE] == "plugin"
     scoped.create([unbound_pod("unbound")])
-    assert "not default/unbound (not bound)" in annotate(scoped, "pod", "unbound")
+    assert "not default/unbound (not bound)" in annotate_pod(scoped, "unbound")
 
 
 def test_a_token_of_the_plugins_account_naming_no_node_changes_nothing(
@@ -153,7 +165,7 @@ def test_a_token_of_the_plugins_account_naming_no_node_changes_nothing(
     config["users"][0]["user"]["token"] = token
     unbound = tmp_path / "unbound.kubeconfig"
     unbound.write_text(yaml.safe_dump(config))
-    refused = annotate(scoped, "node", NODE, kubeconfig=unbound)
+    refused = annotate_node(scoped, NODE, kubeconfig=unbound)
     assert f"the device plugin's token names no node ({NODE_KEY})" in refused, refused
 
 
@@ -168,5 +180,10 @@ def test_events_are_left_to_rbac(scoped: LocalCluster):
         "message": "an event of the plugin's account about another node",
         "type": "Normal",
     }
-    created = as_plugin(scoped, "create", "-f", "-", stdin=json.dumps(event))
+    kubeconfig = str(scoped.our_dir / "node.kubeconfig")
+    created = run(
+        ["kubectl", "--kubeconfig", kubeconfig, "create", "-f", "-"],
+        stdin=json.dumps(event),
+        check=False,
+    )
     assert created.returncode == 0, created.stderr

@@ -992,8 +992,9 @@ def test_scheduler_account_binds_pods_and_holds_only_its_own_lease(default):
     }
     assert allows(rules, "create", "pods/binding")
     assert allows(rules, "patch", "pods")
-    for verb in ("get", "list", "watch"):
+    for verb in ("list", "watch"):  # nodes get: the built-in roles (tests/chart/test_rbac.py)
         assert allows(rules, verb, "nodes") and allows(rules, verb, "pods")
+    assert allows(rules, "get", "pods")
     assert allows(rules, "create", "events")
     assert allows(rules, "update", "leases", "coordination.k8s.io", "gpushare-scheduler")
     assert not allows(rules, "update", "leases", "coordination.k8s.io", "kube-scheduler")
@@ -1006,7 +1007,7 @@ def test_device_plugin_can_annotate_but_never_bind(default):
     assert builtin == set()
     for verb in ("get", "list", "watch", "patch"):
         assert allows(rules, verb, "pods")
-    for verb in ("get", "watch", "patch"):
+    for verb in ("list", "watch", "patch"):
         assert allows(rules, verb, "nodes")
     assert allows(rules, "create", "events")
     assert not allows(rules, "create", "pods/binding")

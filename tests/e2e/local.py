@@ -5,12 +5,14 @@ Unmodified upstream binaries (a directory of them, or the release tarball that
 `../shared/realcluster/` (etcd, kube-apiserver, kube-scheduler with
 `config/kube-scheduler-config.yaml`, kube-controller-manager, containerd, a
 kubelet in its own mount namespace). Then gpushare is set up as the chart would:
-its ServiceAccounts and RBAC applied to the API server, every other object of the
-chart checked by the server (`--dry-run=server`), its webhook configurations
-pointed at the extender on loopback with a certificate made here, and
-`gpushare-extender`, `gpushare-device-plugin --backend mock` (inside the kubelet's
-namespace) and `gpushare-isolation` started with tokens of the chart's
-ServiceAccounts, so the chart's RBAC is what they run with.
+its ServiceAccounts, RBAC and (from 1.30) the device plugin's admission policy applied
+to the API server, every other object of the chart checked by the server
+(`--dry-run=server`), its webhook configurations pointed at the extender on loopback
+with a certificate made here, and `gpushare-extender`, `gpushare-device-plugin
+--backend mock` (inside the kubelet's namespace) and `gpushare-isolation` started with
+tokens of the chart's ServiceAccounts, so the chart's RBAC is what they run with. The
+plugin's token is bound to a stand-in for its DaemonSet pod on the node, as the
+kubelet's token for that pod is, so it names the node the policy keeps it to.
 
 Environment: GPUSHARE_E2E_K8S_BIN (the binaries, one directory per version separated
 by ':'; `scripts/test` sets it from ../shared/k8s and its version directories when
@@ -44,6 +46,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from tests.e2e.kube import ROOT, KubectlTarget, run, wait_for
+from tests.e2e.workloads import BUSYBOX
 
 NODE: Final = "k8s-real-node"
 MOCK_GPUS: Final = "2x16GiB,1x24GiB"
@@ -59,6 +62,10 @@ SCHEDULER_CONFIG: Final = ROOT / "config" / "kube-scheduler-config.yaml"
 BINARIES: Final = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet")
 TARBALL: Final = "kubernetes-server-bin.tar.xz"
 RBAC_KINDS: Final = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+POLICY_KINDS: Final = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+NODE_POD: Final = "gpushare-node-stand-in"
+"""In SYSTEM_NAMESPACE, bound to NODE, running as the device plugin's account: the
+DaemonSet's pod whose token the plugin uses (the DaemonSet itself is only dry-run)."""
 WEBHOOK_KINDS: Final = {"ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"}
 _CRI_LINE = re.compile(r"^\S+ (?:stdout|stderr) [FP] ?(.*)$")
 
@@ -408,13 +415,13 @@ class LocalCluster(KubectlTarget):
         self.rendered = render(
             CHART_VALUES, namespace=SYSTEM_NAMESPACE, kube_version=self.version
         ).objects
-        self.apply([o for o in self.rendered if o["kind"] in RBAC_KINDS])
+        self.apply([o for o in self.rendered if o["kind"] in RBAC_KINDS | POLICY_KINDS])
         cert, key, self.ca_pem = _self_signed_webhook_certificate(self.our_dir)
         self.apply(webhooks_on_loopback(self.rendered, self.ca_pem))
         self.kubectl("label", "node", NODE, "ack.node.gpu.schedule=core_mem", "--overwrite")
         self.health_file.write_text("")
         scheduler_kubeconfig = self.service_account_kubeconfig("scheduler")
-        node_kubeconfig = self.service_account_kubeconfig("node")
+        node_kubeconfig = self.service_account_kubeconfig("node", self.node_pod())
         self.extender = HostProcess(
             "extender",
             [
@@ -450,18 +457,45 @@ class LocalCluster(KubectlTarget):
         self.start_plugin()
         self.agent.start()
 
-    def service_account_kubeconfig(self, component: str) -> Path:
-        """A kubeconfig holding a TokenRequest token of the chart's ServiceAccount for
-        `component`: what the component's pod would mount."""
+    def service_account(self, component: str) -> str:
+        """The name of the chart's ServiceAccount for `component` (node, scheduler)."""
         [account] = [
             o["metadata"]["name"]
             for o in self.rendered
             if o["kind"] == "ServiceAccount"
             and o["metadata"]["labels"].get("app.kubernetes.io/component") == component
         ]
+        return account
+
+    def node_pod(self) -> str:
+        """Creates NODE_POD: bound to NODE at creation, running as the plugin's account."""
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": NODE_POD, "namespace": SYSTEM_NAMESPACE},
+            "spec": {
+                "nodeName": NODE,
+                "serviceAccountName": self.service_account("node"),
+                "automountServiceAccountToken": False,
+                "containers": [{"name": "sleep", "image": BUSYBOX, "imagePullPolicy":
+                                "IfNotPresent", "command": ["sleep", "2147483647"]}],
+                "terminationGracePeriodSeconds": 0,
+            },
+        }  # fmt: skip
+        self.create([pod])
+        return NODE_POD
+
+    def service_account_kubeconfig(self, component: str, bound_to_pod: str = "") -> Path:
+        """A kubeconfig holding a TokenRequest token of the chart's ServiceAccount for
+        `component`: what the component's pod would mount. Bound to a pod of
+        SYSTEM_NAMESPACE, the token names the pod's node (Kubernetes >= 1.30) and is
+        valid while the pod exists, as the kubelet's token of that pod is."""
+        account = self.service_account(component)
+        binding = ["--bound-object-kind", "Pod", "--bound-object-name", bound_to_pod]
         token = self.kubectl(
-            "create", "token", account, "-n", SYSTEM_NAMESPACE, "--duration", "24h"
-        ).stdout.strip()
+            "create", "token", account, "-n", SYSTEM_NAMESPACE, "--duration", "24h",
+            *(binding if bound_to_pod else []),
+        ).stdout.strip()  # fmt: skip
         admin = yaml.safe_load(self.kubeconfig.read_text())
         config = {
             "apiVersion": "v1",

@@ -26,6 +26,7 @@ from tests.e2e.checks import (
 from tests.e2e.kube import run, wait_for
 from tests.e2e.local import (
     NODE,
+    POLICY_KINDS,
     RBAC_KINDS,
     SYSTEM_NAMESPACE,
     WEBHOOK_KINDS,
@@ -55,7 +56,8 @@ def local_manifests(path: Path) -> list[dict[str, Any]]:
 
 
 def test_the_charts_objects_are_accepted_by_the_api_server(local: LocalCluster):
-    others = [o for o in local.rendered if o["kind"] not in RBAC_KINDS | WEBHOOK_KINDS]
+    applied = RBAC_KINDS | POLICY_KINDS | WEBHOOK_KINDS
+    others = [o for o in local.rendered if o["kind"] not in applied]
     assert {o["kind"] for o in others} >= {"DaemonSet", "Deployment", "Service", "ConfigMap"}
     result = local.apply(others, False, "--dry-run=server")
     assert result.returncode == 0, result.stderr

@@ -152,3 +152,13 @@ would otherwise fail while the extender is down). */}}
 {{- if include "gpushare.webhookMatchConditions" . }}Fail{{ else }}Ignore{{ end -}}
 {{- else }}{{ $policy }}{{ end -}}
 {{- end }}
+
+{{/* "true" when the ValidatingAdmissionPolicy that keeps the device plugin to its own
+node is rendered: devicePlugin.ownNodePolicy and a cluster of Kubernetes >= 1.30, where
+admissionregistration.k8s.io/v1 serves the policies (GA) and a pod's token names its
+node (ServiceAccountTokenPodNodeInfo, on by default). Unset (values of an older release
+kept with --reuse-values) counts as on. */}}
+{{- define "gpushare.ownNodePolicy" -}}
+{{- $wanted := ne (toString .Values.devicePlugin.ownNodePolicy) "false" -}}
+{{- if and $wanted (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) }}true{{ end -}}
+{{- end }}

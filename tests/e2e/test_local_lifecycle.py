@@ -330,9 +330,13 @@ def test_a_device_plugin_restart_mid_burst_strands_no_pod_and_loses_no_slice(
         pods = local.pods(WORKLOAD_LABEL)
         running = [p for p in pods if p["status"].get("phase") == "Running"]
         unsettled = [p for p in pods if p["status"].get("phase") not in ("Running", "Failed")]
-        return pods if len(running) == 10 and not unsettled else None
+        # A container answered by the stopped plugin just before it went is marked
+        # assigned by the new one's reconciliation with PodResources, seconds later.
+        assigned = all(_assigned(p) for p in running)
+        return pods if len(running) == 10 and not unsettled and assigned else None
 
-    pods = wait_for("ten Running pods of the job", settled, timeout=180, every=1)
+    pods = wait_for("ten Running pods of the job, each marked assigned", settled, timeout=180,
+                    every=1)  # fmt: skip
     running = [p for p in pods if p["status"]["phase"] == "Running"]
     failed = admission_failures(pods)
     print(f"\nplugin restart mid-burst: {len(running)} Running, {len(failed)} rejected: {failed}")
@@ -343,6 +347,11 @@ def test_a_device_plugin_restart_mid_burst_strands_no_pod_and_loses_no_slice(
     charged = set(state.nodes[NODE].pods)
     assert charged == {f"default/{p['metadata']['name']}" for p in running}
     local.kubectl("delete", "job", "mid-burst", "--wait=true")
+
+
+def _assigned(raw: dict[str, Any]) -> bool:
+    allocation = annotation.decode(Pod.model_validate(raw))
+    return allocation is not None and all(c.assigned for c in allocation.containers)
 
 
 def comparable(view: dict[str, Any]) -> dict[str, Any]:

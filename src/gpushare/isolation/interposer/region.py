@@ -229,9 +229,15 @@ class Region:
     def reap(self) -> list[int]:
         """Gives back the slots (and bytes) of processes that died without detaching; the
         pids they had. A live process holds an OFD lock on its slot's first byte."""
+        record = self.record
+        # Looked for without the lock first: the agent asks every slice, and the lock is
+        # the one the container's allocations take.
+        if not any(
+            slot.pid != 0 and not self._slot_alive(s) for s, slot in enumerate(record.slots)
+        ):
+            return []
         reaped = []
         with self._locked():
-            record = self.record
             for s, slot in enumerate(record.slots):
                 if slot.pid != 0 and not self._slot_alive(s):
                     reaped.append(int(slot.pid))

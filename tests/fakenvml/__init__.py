@@ -16,12 +16,10 @@ pynvml at it. The world file's format is described at the top of fakenvml.c.
 import atexit
 import ctypes
 import hashlib
-import importlib.util
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
@@ -33,6 +31,8 @@ from types import ModuleType
 from typing import Final
 
 import pytest
+
+from gpushare.isolation.interposer import build as interposer_build
 
 SOURCE: Final = Path(__file__).with_name("fakenvml.c")
 LIBRARY_NAME: Final = "libnvidia-ml.so.1"
@@ -177,17 +177,11 @@ def nvml_env(
 
 
 def compiler() -> list[str]:
-    """The C compiler command: cc, gcc or clang, else the ziglang wheel's if installed."""
-    for name in ("cc", "gcc", "clang"):
-        found = shutil.which(name)
-        if found:
-            return [found]
-    if importlib.util.find_spec("ziglang") is not None:
-        return [sys.executable, "-m", "ziglang", "cc"]
-    raise FakeNvmlUnavailable(
-        "no C compiler to build the fake libnvidia-ml with: install gcc (or clang), "
-        "or pip install ziglang"
-    )
+    """The C compiler command the project builds its C with (the interposer's choice)."""
+    try:
+        return interposer_build.compiler()
+    except interposer_build.CompilerMissing as err:
+        raise FakeNvmlUnavailable(f"cannot build the fake libnvidia-ml: {err}") from None
 
 
 def build_fake_nvml(directory: Path) -> Path:

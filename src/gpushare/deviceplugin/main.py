@@ -31,6 +31,7 @@ from gpushare.deviceplugin.plugin import (
     PluginConfig,
 )
 from gpushare.nodeflags import add_node_flags, check_node_flags
+from gpushare.nodeflags.serving import start_metrics
 from gpushare.nvmllib import bindings
 
 log = logging.getLogger("gpushare.deviceplugin")
@@ -137,16 +138,8 @@ def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> in
         args.metrics_port or "off",
         args.log_level,
     )
-    if args.metrics_port:
-        try:
-            metrics.serve(args.metrics_port)
-        except OSError as err:
-            log.error(
-                "cannot serve metrics on port %d (%s); pick another --metrics-port or 0",
-                args.metrics_port,
-                err,
-            )
-            return 1
+    if not start_metrics(args.metrics_port, metrics.registry, log):
+        return 1
     plugin.start()
     threading.Thread(target=_freeze_when_synced, args=(plugin, stop), daemon=True).start()
     stop.wait()

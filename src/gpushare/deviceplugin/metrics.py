@@ -16,7 +16,6 @@ from prometheus_client.registry import Collector
 
 from gpushare.allocation import PodAllocation
 from gpushare.inventory import Gpu
-from gpushare.nodeflags.serving import serve_metrics
 
 PREFIX: Final = "gpushare_device_plugin"
 _LATENCY_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0)
@@ -101,9 +100,6 @@ class PluginMetrics:
     def value(self, name: str, **labels: str) -> float | None:
         """One sample, by metric name and labels besides `node` (for tests and tools)."""
         return self.registry.get_sample_value(name, {"node": self.node, **labels})
-
-    def serve(self, port: int) -> None:
-        serve_metrics(port, self.registry)
 
 
 class _GpuCollector(Collector):

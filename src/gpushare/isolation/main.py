@@ -49,7 +49,7 @@ from gpushare.isolation.policy import (
 )
 from gpushare.isolation.smi import DEFAULT_CONTROL_DIR
 from gpushare.nodeflags import add_node_flags, check_node_flags
-from gpushare.nodeflags.serving import serve_metrics
+from gpushare.nodeflags.serving import start_metrics
 from gpushare.nvmllib import bindings
 
 log = logging.getLogger("gpushare.isolation")
@@ -236,16 +236,8 @@ def run(args: argparse.Namespace, config: AgentConfig) -> int:
     interposer = install_interposer(args.interposer_dir)
     log.info("%s interposer-dir=%s", summary(args, config, backend), interposer)
     metrics = AgentMetrics(node=args.node_name)
-    if args.metrics_port:
-        try:
-            serve_metrics(args.metrics_port, metrics.registry)
-        except OSError as err:
-            log.error(
-                "cannot serve metrics on port %d (%s); pick another --metrics-port or 0",
-                args.metrics_port,
-                err,
-            )
-            return 1
+    if not start_metrics(args.metrics_port, metrics.registry, log):
+        return 1
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:

@@ -3,6 +3,7 @@ on a client that stops sending and keeps a thread for it, so 50 half-sent reques
 held 50 threads. Here a client that sends nothing for READ_TIMEOUT_S is dropped;
 request lines and headers keep http.server's bounds (64 KiB, 100 headers)."""
 
+import logging
 import threading
 from socketserver import ThreadingMixIn
 from typing import Any, Final
@@ -35,3 +36,17 @@ def serve_metrics(
     server = make_server(address, port, make_wsgi_app(registry), _Server, Handler)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
+
+
+def start_metrics(port: int, registry: CollectorRegistry, log: logging.Logger) -> bool:
+    """Serves `registry` on --metrics-port unless it is 0; False, logged with what to do,
+    when the port cannot be had."""
+    if not port:
+        return True
+    try:
+        serve_metrics(port, registry)
+    except OSError as err:
+        log.error("cannot serve metrics on port %d (%s); pick another --metrics-port or 0",
+                  port, err)  # fmt: skip
+        return False
+    return True

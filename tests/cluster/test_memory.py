@@ -12,6 +12,7 @@ from gpushare.cluster import (
 )
 from gpushare.cluster.memory import MemoryCluster
 from tests.builders import node, pod
+from tests.cluster.watching import take
 
 
 @pytest.fixture
@@ -20,16 +21,6 @@ def cluster() -> MemoryCluster:
     c.add_node(node("n1"))
     c.add_node(node("n2"))
     return c
-
-
-def drain(watch, count: int) -> list:
-    events = []
-    for event in watch:
-        events.append(event)
-        if len(events) == count:
-            break
-    watch.stop()
-    return events
 
 
 def test_created_pods_get_uid_namespace_and_resource_version(cluster):
@@ -55,7 +46,7 @@ def test_a_node_watch_sees_pods_arrive_by_binding_and_leave(cluster):
     cluster.bind_pod("default", "a", "n1")
     cluster.set_pod_phase("default", "a", "Running")
     cluster.delete_pod("default", "a")
-    events = drain(watch, 3)
+    events = take(watch, 3)
     assert [(e.type, e.object.metadata.name) for e in events] == [
         (EventType.ADDED, "a"),
         (EventType.MODIFIED, "a"),
@@ -66,7 +57,7 @@ def test_a_node_watch_sees_pods_arrive_by_binding_and_leave(cluster):
 def test_node_watch_and_label_changes(cluster):
     watch = cluster.watch_nodes(cluster.list_nodes().resource_version)
     cluster.set_node_labels("n1", {"ack.node.gpu.schedule": "core_mem"})
-    (event,) = drain(watch, 1)
+    (event,) = take(watch, 1)
     assert event.type is EventType.MODIFIED
     assert event.object.metadata.labels["ack.node.gpu.schedule"] == "core_mem"
 

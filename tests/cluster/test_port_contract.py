@@ -24,13 +24,11 @@ from gpushare.cluster import (
     Expired,
     NotFound,
     ObjectRef,
-    Watch,
-    WatchEvent,
 )
 from gpushare.cluster.memory import MemoryCluster
 from gpushare.kubecluster import KubeCluster
-from gpushare.objects import Node, Pod
 from tests.builders import node, pod
+from tests.cluster.watching import take
 from tests.kubecluster.apiserver import ApiServer
 
 
@@ -80,16 +78,6 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Adapter]:
     store.add_node(node("n1"))
     store.add_node(node("n2"))
     yield from request.param(store)
-
-
-def take(watch: Watch[Pod] | Watch[Node], count: int) -> list[WatchEvent]:
-    events = []
-    for event in watch:
-        events.append(event)
-        if len(events) == count:
-            break
-    watch.stop()
-    return events
 
 
 def test_missing_objects_are_not_found(cluster):

@@ -27,10 +27,6 @@ class BodyRefused(Exception):
 async def read_json_body(request: Request, limit: int, deadline: float) -> bytes:
     """The body of a JSON request of at most `limit` bytes that arrives within `deadline`
     seconds; BodyRefused otherwise."""
-    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media_type != JSON:
-        got = f"got {media_type!r}" if media_type else "got none"
-        raise BodyRefused(415, f"Content-Type must be {JSON}, {got}")
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -52,6 +48,12 @@ async def read_json_body(request: Request, limit: int, deadline: float) -> bytes
         ) from None
     except ClientDisconnect:
         raise BodyRefused(400, f"the body ended early, after {size} bytes") from None
+    # The type is judged once the (bounded) body is read: a connection answered with its
+    # body unread is closed, and the client may see a reset instead of the answer.
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != JSON:
+        got = f"got {media_type!r}" if media_type else "got none"
+        raise BodyRefused(415, f"Content-Type must be {JSON}, {got}")
     return b"".join(chunks)
 
 

@@ -24,7 +24,9 @@ def test_each_container_gets_what_its_policy_promises(
     for name, share in shares.items():
         assert share.promised is not None
         assert share.measured == pytest.approx(share.promised, abs=TOLERANCE), (name, shares)
-    if contended:
+    if contended and policy is not Policy.SOFT:
+        # Turns are taken at the gate. Soft lets both run at once and holds back only one
+        # that overran, which two equal launchers may never do.
         assert all(share.held_s > 0 for share in shares.values())
 
 

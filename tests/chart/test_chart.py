@@ -1259,7 +1259,9 @@ def test_dashboard_configmap_is_picked_up_by_grafana_and_uses_documented_metrics
         "Allocated compute per GPU",
         "Pods per GPU",
         "Extender latency",
-        "Isolation throttling",
+        "GPU memory used vs cap",
+        "Compute used vs share",
+        "Time held back",
     ):
         assert wanted in titles
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))

@@ -477,7 +477,7 @@ def test_scheduler_runs_stock_kube_scheduler_with_the_extender_as_sidecar(defaul
         "--url-prefix": "/gpushare-scheduler",
         "--scheduler-name": "gpushare-scheduler",
         "--extra-scheduler-names": "ack-co-scheduler",
-        "--default-placement": "binpack",
+        "--default-placement": "fgd-lookahead",
         "--max-pods-per-gpu": "20",
         "--log-level": "info",
         "--webhook-port": "9443",

@@ -101,11 +101,15 @@ def test_a_pod_refused_everywhere_is_requeued_once_a_gpu_pod_leaves(
 
     wait_requeued(cluster, "waiter")
     assert RFC3339_MS.match(requeued_at(cluster, "waiter") or "")
-    assert "requeued 1 pods refused earlier after GPU capacity freed on node n1" in caplog.text
+    # The log line and the count follow the annotation's write, in the requeuer's thread.
+    said = "requeued 1 pods refused earlier after GPU capacity freed on node n1"
+    wait_until(lambda: said in caplog.text, what="the requeue logged")
     assert scheduler.filter(waiter)["NodeNames"] == ["n1"]  # the retry it makes now fits
     assert "default/waiter" not in scheduler.service.cache.refused_keys()
     metrics = scheduler.service.metrics.registry
-    assert metrics.get_sample_value("gpushare_extender_requeues_total", {"result": "requeued"}) == 1
+    requeued = {"result": "requeued"}
+    wait_until(lambda: metrics.get_sample_value("gpushare_extender_requeues_total", requeued))
+    assert metrics.get_sample_value("gpushare_extender_requeues_total", requeued) == 1
 
 
 def test_a_gpu_healthy_again_requeues(cluster, scheduler_for):

@@ -60,7 +60,8 @@ def place(
     node: str = "mock-node",
     mode: NodeMode = NodeMode.CORE_MEM,
 ) -> Node:
-    """Place each workload in order with binpack, as the extender would, and start it."""
+    """Place each workload in order with binpack (the fullest GPU first, so scenarios
+    know where each lands), as the extender does on a binpack node, and start it."""
     gpus = parse_layout(layout, node)
     state = NodeState(NodeGpus(node, mode, gpus))
     containers = []

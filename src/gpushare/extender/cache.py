@@ -27,9 +27,10 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
+from itertools import count
 from typing import Any
 
 from gpushare import annotation
@@ -44,12 +45,18 @@ from gpushare.extender.waiting import RefusedPods, UnservedPods
 from gpushare.fitcache import FitCache
 from gpushare.inventory import adds_room, node_gpus
 from gpushare.objects import Node, Pod
-from gpushare.placement.fit import PlacementPolicy, evaluate, extender_score, to_allocation
+from gpushare.placement.fit import (
+    Placement,
+    PlacementPolicy,
+    evaluate,
+    extender_score,
+    to_allocation,
+)
 from gpushare.placement.policies import POLICIES, PolicyFactory, build
 from gpushare.placement.preemption import choose_victims
 from gpushare.request import PodRequest, requests_gpu
 from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU
-from gpushare.state import ClusterState, Snapshot
+from gpushare.state import ClusterState, NodeView, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +67,11 @@ then the API shows the pod gone or still unbound."""
 _FIT_TABLES = 64
 """Request shapes whose per-node results are kept (most recently used first)."""
 _OBSERVED_LIMIT = 100_000
+_STATES_LIMIT = 100_000
+"""Distinct node states numbered before the numbering starts over (bounds memory)."""
+_ANONYMOUS = "\x00node\x00"
+"""The name a node's state is evaluated under when its answer is shared with every
+node in that state; a refusal names each node by putting its name in place of this."""
 _EXPIRY_EVERY_S = 5.0
 
 
@@ -116,6 +128,11 @@ class SchedulerCache:
         self._assumed: dict[str, _Assumed] = {}
         self._policy_use: Counter[str] = Counter()
         self._fits: FitCache[AnswerTable] = FitCache(AnswerTable, _FIT_TABLES)
+        self._state_numbers: dict[NodeView, int] = {}
+        """Each distinct node state (its view, named _ANONYMOUS) by number."""
+        self._node_states: dict[str, tuple[NodeView, int]] = {}
+        """Each node's view last numbered, and its state's number."""
+        self._numbers = count()
         self._observed: OrderedDict[str, None] = OrderedDict()
         self._next_expiry = 0.0
         # served_schedulers None: neither book looks at a pod's schedulerName.
@@ -417,7 +434,9 @@ class SchedulerCache:
         not evaluated again."""
         request, policy = pod.request, pod.policy
         table = self._table(request, policy)
-        return table.answers(names, lambda name: self._evaluate(name, request, policy))
+        return table.answers(
+            names, lambda name: self._evaluate_shared(name, request, policy, table.by_state)
+        )
 
     def _policy_for(self, node: str, pod_policy: str | None) -> PlacementPolicy:
         name = pod_policy or self._node_policies[node]  # called for nodes with GPUs only
@@ -472,6 +491,7 @@ class SchedulerCache:
 
     def _rebuild(self) -> None:
         self._state = ClusterState()
+        self._node_states = {}
         self._node_policies = {}
         self._node_problems = {}
         self._policy_use = Counter()
@@ -524,6 +544,7 @@ class SchedulerCache:
         self._node_problems.pop(name, None)
         if not keep_pods:
             self._state.remove_node(name)
+            self._node_states.pop(name, None)
 
     def _set_allocation(self, pod_key: str, allocation: PodAllocation | None) -> None:
         old = self._state.allocation(pod_key)
@@ -559,6 +580,45 @@ class SchedulerCache:
         )
         return self._fits.table((pod_policy, request.shape), epochs)
 
+    def _evaluate_shared(
+        self,
+        name: str,
+        request: PodRequest,
+        pod_policy: str | None,
+        by_state: dict[Hashable, NodeFit],
+    ) -> NodeFit:
+        """What _evaluate answers, evaluated once per distinct node state: the same
+        free resources under the same policy give the same placement, and the same
+        refusal but for the node's name."""
+        state = self._state.nodes.get(name)
+        if state is None:
+            return self._evaluate(name, request, pod_policy)
+        policy = pod_policy or self._node_policies[name]
+        key = (self._state_number(name, state.view()), policy)
+        fit = by_state.get(key)
+        if fit is None:
+            view = replace(state.view(), name=_ANONYMOUS)
+            fit = by_state[key] = _fit(evaluate(view, request, self._policy_objects[policy]))
+        if fit.refusal is None:
+            return fit
+        refusal = Refusal(fit.refusal.rule, fit.refusal.message.replace(_ANONYMOUS, name))
+        return NodeFit(None, refusal, 0)
+
+    def _state_number(self, name: str, view: NodeView) -> int:
+        """The number of the node's state: equal for nodes whose views differ only by
+        name. Numbers are never reused, so answers kept under an old one stay right."""
+        known = self._node_states.get(name)
+        if known is not None and known[0] is view:
+            return known[1]
+        anonymous = replace(view, name=_ANONYMOUS)
+        number = self._state_numbers.get(anonymous)
+        if number is None:
+            if len(self._state_numbers) >= _STATES_LIMIT:
+                self._state_numbers.clear()
+            number = self._state_numbers[anonymous] = next(self._numbers)
+        self._node_states[name] = (view, number)
+        return number
+
     def _evaluate(self, name: str, request: PodRequest, pod_policy: str | None) -> NodeFit:
         state = self._state.nodes.get(name)
         if state is None:
@@ -570,10 +630,13 @@ class SchedulerCache:
             )
             refusal = Refusal(Rule.NODE_UNKNOWN, message)
             return NodeFit(None, refusal, 0)
-        result = evaluate(state.view(), request, self._policy_for(name, pod_policy))
-        if isinstance(result, Refusal):
-            return NodeFit(None, result, 0)
-        return NodeFit(result, None, extender_score(result.score))
+        return _fit(evaluate(state.view(), request, self._policy_for(name, pod_policy)))
+
+
+def _fit(result: Placement | Refusal) -> NodeFit:
+    if isinstance(result, Refusal):
+        return NodeFit(None, result, 0)
+    return NodeFit(result, None, extender_score(result.score))
 
 
 @dataclass(frozen=True, slots=True)

@@ -149,6 +149,11 @@ class AnswerTable(FitTable[str, _Entry]):
 
     def __init__(self, position: int, epochs: Hashable) -> None:
         super().__init__(position, epochs)
+        self.by_state: dict[Hashable, NodeFit] = {}
+        """The answer for each state a node may be in (its free resources, its policy),
+        whatever the node: most nodes of a large cluster are in one of a few states,
+        so a first look evaluates those few states rather than every node. Made under
+        the same request shape and epochs as the table, and dropped with it."""
         self._recent: list[_Lookup] = []
         """The last candidate lists answered (filter's and prioritize's), to patch
         rather than look up again when the scheduler sends the same list."""

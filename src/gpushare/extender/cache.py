@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import count
@@ -434,8 +434,11 @@ class SchedulerCache:
         not evaluated again."""
         request, policy = pod.request, pod.policy
         table = self._table(request, policy)
+        table.revalidate(
+            lambda state, view: _fit(evaluate(view, request, self._policy_objects[state[1]]))
+        )
         return table.answers(
-            names, lambda name: self._evaluate_shared(name, request, policy, table.by_state)
+            names, lambda name: self._evaluate_shared(name, request, policy, table)
         )
 
     def _policy_for(self, node: str, pod_policy: str | None) -> PlacementPolicy:
@@ -581,11 +584,7 @@ class SchedulerCache:
         return self._fits.table((pod_policy, request.shape), epochs)
 
     def _evaluate_shared(
-        self,
-        name: str,
-        request: PodRequest,
-        pod_policy: str | None,
-        by_state: dict[Hashable, NodeFit],
+        self, name: str, request: PodRequest, pod_policy: str | None, table: AnswerTable
     ) -> NodeFit:
         """What _evaluate answers, evaluated once per distinct node state: the same
         free resources under the same policy give the same placement, and the same
@@ -593,12 +592,14 @@ class SchedulerCache:
         state = self._state.nodes.get(name)
         if state is None:
             return self._evaluate(name, request, pod_policy)
+        view = state.view()
         policy = pod_policy or self._node_policies[name]
-        key = (self._state_number(name, state.view()), policy)
-        fit = by_state.get(key)
-        if fit is None:
-            view = replace(state.view(), name=_ANONYMOUS)
-            fit = by_state[key] = _fit(evaluate(view, request, self._policy_objects[policy]))
+
+        def evaluate_state() -> tuple[NodeView, NodeFit]:
+            anonymous = replace(view, name=_ANONYMOUS)
+            return anonymous, _fit(evaluate(anonymous, request, self._policy_objects[policy]))
+
+        fit = table.fit_in_state(name, (self._state_number(name, view), policy), evaluate_state)
         if fit.refusal is None:
             return fit
         refusal = Refusal(fit.refusal.rule, fit.refusal.message.replace(_ANONYMOUS, name))

@@ -20,6 +20,7 @@ from gpushare.errors import Refusal
 from gpushare.extender.wire import for_scheduler
 from gpushare.fitcache import FitTable
 from gpushare.placement.fit import Placement
+from gpushare.state import NodeView
 
 
 class NodeFit(NamedTuple):
@@ -144,16 +145,26 @@ class _Lookup:
         self.positions: dict[str, int] | None = None
 
 
+State = tuple[int, str]
+"""A node's state as the answer depends on it: the number the cache gave its view
+without the node's name, and the name of the policy that places pods there."""
+
+
 class AnswerTable(FitTable[str, _Entry]):
     """One request shape's entries per node, and the candidate lists last answered."""
 
     def __init__(self, position: int, epochs: Hashable) -> None:
         super().__init__(position, epochs)
-        self.by_state: dict[Hashable, NodeFit] = {}
-        """The answer for each state a node may be in (its free resources, its policy),
-        whatever the node: most nodes of a large cluster are in one of a few states,
-        so a first look evaluates those few states rather than every node. Made under
-        the same request shape and epochs as the table, and dropped with it."""
+        self._by_state: dict[State, tuple[NodeView, NodeFit]] = {}
+        """The answer for each state a node may be in (its free resources and its
+        policy, the key), whatever the node, with the state's view: most nodes of a
+        large cluster are in one of a few states, so a first look evaluates those few
+        states rather than every node."""
+        self._state_of: dict[str, State] = {}
+        """The state each node's entry was made from."""
+        self._nodes_in: dict[State, set[str]] = {}
+        self._moved = False
+        """The epochs moved since the states were last evaluated (`rebase`)."""
         self._recent: list[_Lookup] = []
         """The last candidate lists answered (filter's and prioritize's), to patch
         rather than look up again when the scheduler sends the same list."""
@@ -176,6 +187,52 @@ class AnswerTable(FitTable[str, _Entry]):
         lookup = _Lookup(names, Answers(entries))  # type: ignore[arg-type]
         self._recent = [*self._recent, lookup][-_RECENT:]
         return lookup.answers
+
+    def fit_in_state(
+        self, name: str, state: State, evaluate: Callable[[], tuple[NodeView, NodeFit]]
+    ) -> NodeFit:
+        """The answer for the node, which is in this state: the state's answer, made by
+        `evaluate` (the state's view, and the answer there) the first time it is asked."""
+        known = self._by_state.get(state)
+        if known is None:
+            known = self._by_state[state] = evaluate()
+        self._state_of[name] = state
+        self._nodes_in.setdefault(state, set()).add(name)
+        return known[1]
+
+    def forget(self, node: str) -> None:
+        super().forget(node)
+        state = self._state_of.pop(node, None)
+        if state is not None:
+            nodes = self._nodes_in[state]
+            nodes.discard(node)
+            if not nodes:  # no node left in this state: let its answer go
+                del self._nodes_in[state], self._by_state[state]
+
+    def rebase(self, epochs: Hashable) -> bool:
+        """Takes the new epochs: `revalidate` then evaluates each state again and
+        forgets the nodes whose answer changed, instead of every node being evaluated
+        afresh (scores are 0..10, so most answers survive a small move of a workload)."""
+        self.epochs = epochs
+        self._moved = True
+        return True
+
+    def revalidate(self, evaluate: Callable[[State, NodeView], NodeFit]) -> None:
+        """After `rebase`: every state evaluated again, `evaluate(state, view)`; the nodes
+        in a state whose answer changed are forgotten, so they are evaluated again
+        (under the new answer) when asked for. Nodes evaluated without a state (nodes
+        the cache does not know) are answered alike under any epochs."""
+        if not self._moved:
+            return
+        self._moved = False
+        for state, (view, old) in list(self._by_state.items()):
+            new = evaluate(state, view)
+            if (new.score, new.refusal) == (old.score, old.refusal):
+                self._by_state[state] = (view, new)  # the same entry; its new placement
+                continue
+            for node in list(self._nodes_in.get(state, ())):
+                self.forget(node)
+            self._by_state.pop(state, None)
 
     def _refresh(self, lookup: _Lookup, evaluate: Callable[[str], NodeFit]) -> bool:
         """Patches the entries of the nodes that changed; False when it cannot (the

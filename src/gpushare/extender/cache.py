@@ -590,10 +590,10 @@ class SchedulerCache:
         free resources under the same policy give the same placement, and the same
         refusal but for the node's name."""
         state = self._state.nodes.get(name)
-        if state is None:
+        policy = pod_policy or self._node_policies.get(name, "")
+        if state is None or not self._policy_objects[policy].nameless:
             return self._evaluate(name, request, pod_policy)
         view = state.view()
-        policy = pod_policy or self._node_policies[name]
 
         def evaluate_state() -> tuple[NodeView, NodeFit]:
             anonymous = replace(view, name=_ANONYMOUS)

@@ -10,11 +10,12 @@ is what costs. The entries live in the core's FitCache tables (gpushare.fitcache
 which forget a node's entry when it changes.
 """
 
-import json
 from collections import Counter
 from collections.abc import Callable, Hashable
 from operator import itemgetter
 from typing import NamedTuple
+
+import orjson
 
 from gpushare.errors import Refusal
 from gpushare.extender.wire import for_scheduler
@@ -111,7 +112,7 @@ class Answers:
         return self.passed_json() == "[]"
 
     def passed(self) -> set[str]:
-        return {json.loads(name) for name in filter(None, map(_PART[_PASSED], self.entries))}
+        return {orjson.loads(name) for name in filter(None, map(_PART[_PASSED], self.entries))}
 
     def failed_json(self) -> str:
         """The FailedNodes object, as JSON."""
@@ -256,13 +257,13 @@ class AnswerTable(FitTable[str, _Entry]):
         return True
 
     def _put(self, name: str, fit: NodeFit) -> _Entry:
-        key = json.dumps(name)
+        key = orjson.dumps(name).decode()
         priority = f'{{"Host":{key},"Score":{fit.score}}}'
         entry: _Entry
         if fit.refusal is None:
             entry = (key, None, None, None, priority)
         else:
-            reason = f"{key}:{json.dumps(for_scheduler(str(fit.refusal)))}"
+            reason = f"{key}:{orjson.dumps(for_scheduler(str(fit.refusal))).decode()}"
             resolvable = fit.refusal.rule.resolvable
             entry = (
                 None,

@@ -9,9 +9,11 @@ import random
 from gpushare.allocation import PodAllocation
 from gpushare.extender.cache import SchedulerCache
 from gpushare.extender.pendingpod import PendingPod
+from gpushare.placement.fit import Assignment, Placement, PlacementPolicy
 from gpushare.placement.lookahead import LookaheadFgdPolicy
 from gpushare.placement.policies import POLICIES, PolicyFactory
 from gpushare.request import PodRequest
+from gpushare.state import GpuView, NodeView
 from tests.builders import T0, node, request
 
 SHAPES = [
@@ -25,7 +27,29 @@ SHAPES = [
 LAYOUTS = [("4x16GiB", "cgpu"), ("8x24GiB", "cgpu"), ("2x16GiB", "core_mem")]
 
 
-def registry_with(policy: LookaheadFgdPolicy) -> dict[str, PolicyFactory]:
+class NodeByNode(PlacementPolicy):
+    """The policy, evaluated for each node alone (it does not say it is nameless)."""
+
+    name = LookaheadFgdPolicy.name
+
+    def __init__(self, policy: PlacementPolicy) -> None:
+        self.policy = policy
+
+    @property  # type: ignore[override]
+    def epoch(self) -> int:
+        return self.policy.epoch
+
+    def place(self, view: NodeView, request: PodRequest) -> Placement | None:
+        return self.policy.place(view, request)
+
+    def gpu_key(self, gpu: GpuView, mem_after: int, core_after: int) -> tuple[int, ...]:
+        raise AssertionError("place() is the policy's")
+
+    def score(self, view: NodeView, request: PodRequest, assignment: Assignment) -> float:
+        raise AssertionError("place() is the policy's")
+
+
+def registry_with(policy: PlacementPolicy) -> dict[str, PolicyFactory]:
     return {**POLICIES, policy.name: lambda: policy}
 
 
@@ -33,7 +57,7 @@ def pending(name: str, shape: dict, uid: str | None = None) -> PendingPod:
     return PendingPod(f"default/{name}", uid or f"uid-{name}", request(**shape), None, 0)
 
 
-def cache_of(nodes: list[tuple[str, str, str]], policy: LookaheadFgdPolicy) -> SchedulerCache:
+def cache_of(nodes: list[tuple[str, str, str]], policy: PlacementPolicy) -> SchedulerCache:
     cache = SchedulerCache("fgd-lookahead", policies=registry_with(policy))
     cache.replace_nodes([node(name, layout, mode=mode) for name, layout, mode in nodes])
     cache.replace_pods([])
@@ -54,15 +78,15 @@ def said(cache: SchedulerCache, shape: dict, names: list[str]) -> dict[str, obje
 
 class Cluster:
     """Many nodes in a few layouts with pods placed on some, and beside the shared
-    cache one cache per node: that node alone, evaluated without any other to share
-    with (the fresh evaluation the shared one must agree with)."""
+    cache one cache per node: that node alone, evaluated node by node (the fresh
+    evaluation the shared one must agree with)."""
 
     def __init__(self, policy: LookaheadFgdPolicy, size: int = 36, seed: int = 5) -> None:
         rng = random.Random(seed)
         self.nodes = [(f"n{i:02d}", *LAYOUTS[i % len(LAYOUTS)]) for i in range(size)]
         self.names = [name for name, _, _ in self.nodes]
         self.shared = cache_of(self.nodes, policy)
-        self.alone = {n[0]: cache_of([n], policy) for n in self.nodes}
+        self.alone = {n[0]: cache_of([n], NodeByNode(policy)) for n in self.nodes}
         # Few distinct pods, so that many nodes end up in the same state.
         for i in range(size):
             name = self.names[rng.randrange(size) % 12]

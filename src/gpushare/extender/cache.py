@@ -28,7 +28,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from itertools import count
 from typing import Any
@@ -37,7 +37,7 @@ from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster import EventType
 from gpushare.errors import AnnotationError, Refusal, Rule
-from gpushare.extender.fittable import Answers, AnswerTable, NodeFit
+from gpushare.extender.fittable import ANONYMOUS, Answers, AnswerTable, NodeFit, State
 from gpushare.extender.nodedetails import ClusterDetails, NodeDetails, node_details
 from gpushare.extender.pendingpod import PendingPod, pending_pod
 from gpushare.extender.policychoice import node_policy
@@ -67,11 +67,11 @@ then the API shows the pod gone or still unbound."""
 _FIT_TABLES = 64
 """Request shapes whose per-node results are kept (most recently used first)."""
 _OBSERVED_LIMIT = 100_000
+_STATE_FIELDS = tuple(f.name for f in fields(NodeView) if f.name != "name")
+"""What placement reads of a node: its view, but for its name."""
 _STATES_LIMIT = 100_000
 """Distinct node states numbered before the numbering starts over (bounds memory)."""
-_ANONYMOUS = "\x00node\x00"
-"""The name a node's state is evaluated under when its answer is shared with every
-node in that state; a refusal names each node by putting its name in place of this."""
+
 _EXPIRY_EVERY_S = 5.0
 
 
@@ -128,8 +128,8 @@ class SchedulerCache:
         self._assumed: dict[str, _Assumed] = {}
         self._policy_use: Counter[str] = Counter()
         self._fits: FitCache[AnswerTable] = FitCache(AnswerTable, _FIT_TABLES)
-        self._state_numbers: dict[NodeView, int] = {}
-        """Each distinct node state (its view, named _ANONYMOUS) by number."""
+        self._state_numbers: dict[tuple[Any, ...], int] = {}
+        """Each distinct node state (its view's fields but the name) by number."""
         self._node_states: dict[str, tuple[NodeView, int]] = {}
         """Each node's view last numbered, and its state's number."""
         self._numbers = count()
@@ -432,14 +432,8 @@ class SchedulerCache:
     def _answers(self, pod: PendingPod, names: list[str]) -> Answers:
         """Nodes that did not change since an earlier request of the same shape are
         not evaluated again."""
-        request, policy = pod.request, pod.policy
-        table = self._table(request, policy)
-        table.revalidate(
-            lambda state, view: _fit(evaluate(view, request, self._policy_objects[state[1]]))
-        )
-        return table.answers(
-            names, lambda name: self._evaluate_shared(name, request, policy, table)
-        )
+        table = self._table(pod.request, pod.policy)
+        return table.answers(names, _Evaluation(self, pod.request, pod.policy))
 
     def _policy_for(self, node: str, pod_policy: str | None) -> PlacementPolicy:
         name = pod_policy or self._node_policies[node]  # called for nodes with GPUs only
@@ -583,40 +577,18 @@ class SchedulerCache:
         )
         return self._fits.table((pod_policy, request.shape), epochs)
 
-    def _evaluate_shared(
-        self, name: str, request: PodRequest, pod_policy: str | None, table: AnswerTable
-    ) -> NodeFit:
-        """What _evaluate answers, evaluated once per distinct node state: the same
-        free resources under the same policy give the same placement, and the same
-        refusal but for the node's name."""
-        state = self._state.nodes.get(name)
-        policy = pod_policy or self._node_policies.get(name, "")
-        if state is None or not self._policy_objects[policy].nameless:
-            return self._evaluate(name, request, pod_policy)
-        view = state.view()
-
-        def evaluate_state() -> tuple[NodeView, NodeFit]:
-            anonymous = replace(view, name=_ANONYMOUS)
-            return anonymous, _fit(evaluate(anonymous, request, self._policy_objects[policy]))
-
-        fit = table.fit_in_state(name, (self._state_number(name, view), policy), evaluate_state)
-        if fit.refusal is None:
-            return fit
-        refusal = Refusal(fit.refusal.rule, fit.refusal.message.replace(_ANONYMOUS, name))
-        return NodeFit(None, refusal, 0)
-
     def _state_number(self, name: str, view: NodeView) -> int:
         """The number of the node's state: equal for nodes whose views differ only by
         name. Numbers are never reused, so answers kept under an old one stay right."""
         known = self._node_states.get(name)
         if known is not None and known[0] is view:
             return known[1]
-        anonymous = replace(view, name=_ANONYMOUS)
-        number = self._state_numbers.get(anonymous)
+        nameless = tuple(map(view.__getattribute__, _STATE_FIELDS))
+        number = self._state_numbers.get(nameless)
         if number is None:
             if len(self._state_numbers) >= _STATES_LIMIT:
                 self._state_numbers.clear()
-            number = self._state_numbers[anonymous] = next(self._numbers)
+            number = self._state_numbers[nameless] = next(self._numbers)
         self._node_states[name] = (view, number)
         return number
 
@@ -632,6 +604,36 @@ class SchedulerCache:
             refusal = Refusal(Rule.NODE_UNKNOWN, message)
             return NodeFit(None, refusal, 0)
         return _fit(evaluate(state.view(), request, self._policy_for(name, pod_policy)))
+
+
+class _Evaluation:
+    """The answers a table has none of, for one request (fittable.Evaluation); called
+    with the cache's lock held."""
+
+    def __init__(self, cache: SchedulerCache, request: PodRequest, pod_policy: str | None):
+        self.cache = cache
+        self.request = request
+        self.pod_policy = pod_policy
+
+    def state(self, name: str) -> State | None:
+        cache = self.cache
+        node = cache._state.nodes.get(name)
+        if node is None:
+            return None
+        policy = self.pod_policy or cache._node_policies[name]
+        if not cache._policy_objects[policy].nameless:
+            return None
+        return (cache._state_number(name, node.view()), policy)
+
+    def of_state(self, state: State, name: str) -> tuple[NodeView, NodeFit]:
+        view = replace(self.cache._state.nodes[name].view(), name=ANONYMOUS)
+        return view, self.again(state, view)
+
+    def again(self, state: State, view: NodeView) -> NodeFit:
+        return _fit(evaluate(view, self.request, self.cache._policy_objects[state[1]]))
+
+    def of_node(self, name: str) -> NodeFit:
+        return self.cache._evaluate(name, self.request, self.pod_policy)
 
 
 def _fit(result: Placement | Refusal) -> NodeFit:

@@ -12,7 +12,15 @@ The first pod of a request shape evaluates every node: that cold cost is printed
 apart, and the stream is measured after one warm-up pod per shape.
 Bind throughput is in-process, one thread, on the in-memory cluster, with the
 watch following every bind as it would the API server.
-Run: .venv/bin/python bench/extender_bench.py [--nodes 5000]
+The policy is the extender's default placement (`--policy`, fgd-lookahead unless
+told), learning its workload from the pods filter sees as the extender does.
+Thread CPU per pod adds bind's to filter's and prioritize's, to compare with
+kube-scheduler's own CPU per pod. The JSON codec line times decoding a filter body
+and encoding a filter answer of every node with the standard library and with
+orjson (what the verbs use).
+The event-loop thread's CPU per pod over HTTP, against the handlers' in process, is
+what HTTP costs the extender whatever else runs on the machine.
+Run: .venv/bin/python bench/extender_bench.py [--nodes 5000] [--policy fgd-lookahead]
 """
 
 import argparse
@@ -26,8 +34,10 @@ import time
 from typing import Any
 
 import httpx
+import orjson
 
 from gpushare.cluster.memory import MemoryCluster, gpu_node
+from gpushare.extender.argsreader import ExtenderArgsReader
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import ExtenderConfig, ExtenderService
 from gpushare.inventory import parse_layout
@@ -66,7 +76,7 @@ def line(label: str, samples_ms: list[float]) -> str:
 
 
 class Bench:
-    def __init__(self, nodes: int, seed: int) -> None:
+    def __init__(self, nodes: int, seed: int, policy: str) -> None:
         self.rng = random.Random(seed)
         self.cluster = MemoryCluster()
         for i in range(nodes):
@@ -74,7 +84,9 @@ class Bench:
             name = f"node-{i:05d}"
             self.cluster.add_node(gpu_node(name, parse_layout(layout, name), mode=mode))
         self.names = sorted(n.name for n in self.cluster.list_nodes().items)
-        self.service = ExtenderService(self.cluster, ExtenderConfig()).start_watching()
+        self.service = ExtenderService(
+            self.cluster, ExtenderConfig(default_placement=policy)
+        ).start_watching()
         assert self.service.wait_synced(120)
         self.extender = self.service.extender
         self.count = 0
@@ -124,18 +136,29 @@ class Bench:
     def stream(self, pods: int, measure: Any) -> dict[str, list[float]]:
         """Latencies of the first pod of each shape (cold) and of the stream after it,
         binding every pod placed so that one node changes per pod."""
-        samples: dict[str, list[float]] = {"cold": [], "wall": [], "cpu": []}
+        samples: dict[str, list[float]] = {
+            "cold": [],
+            "cold_cpu": [],
+            "wall": [],
+            "cpu": [],
+            "bind_cpu": [],
+        }
         for i in range(pods + len(SHAPES)):
             shape = i if i < len(SHAPES) else self.rng.randrange(len(SHAPES))
             pod = self.new_pod(shape)
             wall, cpu, node = measure(pod)
             if i < len(SHAPES):
                 samples["cold"].append(wall)
+                samples["cold_cpu"].append(cpu)
             else:
                 samples["wall"].append(wall)
                 samples["cpu"].append(cpu)
             if node is not None:
-                self.extender.bind(self.bind_body(pod, node))
+                body = self.bind_body(pod, node)
+                started = time.thread_time()
+                self.extender.bind(body)
+                if i >= len(SHAPES):
+                    samples["bind_cpu"].append((time.thread_time() - started) * 1e3)
         return samples
 
 
@@ -205,18 +228,51 @@ def handler_seconds(bench: Bench) -> tuple[float, int]:
     return total, calls
 
 
+def codec_figures(bench: Bench, repeat: int = 30) -> str:
+    """Milliseconds to decode a filter body naming every node and to encode an
+    answer naming every node, with json and with orjson (best of `repeat`)."""
+    body = bench.args(bench.new_pod(0), bench.names)
+    answer = {"NodeNames": bench.names, "FailedNodes": {}, "Error": ""}
+
+    def best_ms(work: Any) -> float:
+        times = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            work()
+            times.append((time.perf_counter() - started) * 1e3)
+        return min(times)
+
+    std = (best_ms(lambda: json.loads(body)), best_ms(lambda: json.dumps(answer).encode()))
+    fast = (best_ms(lambda: orjson.loads(body)), best_ms(lambda: orjson.dumps(answer)))
+    reader = ExtenderArgsReader()
+    parse_first = best_ms(lambda: ExtenderArgsReader().read(body))
+    reader.read(body)
+    parse_again = best_ms(lambda: reader.read(body))
+    return (
+        f"JSON codec, {len(bench.names)} names: decode json {std[0]:.2f} ms, orjson "
+        f"{fast[0]:.2f} ms; encode json {std[1]:.2f} ms, orjson {fast[1]:.2f} ms; "
+        f"ExtenderArgs read, new list {parse_first:.2f} ms, list seen before "
+        f"{parse_again:.2f} ms"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--pods", type=int, default=400, help="pods in each measured stream")
     parser.add_argument("--binds", type=int, default=5000)
+    parser.add_argument(
+        "--policy", default="fgd-lookahead", help="the extender's default placement policy"
+    )
     args = parser.parse_args()
     load = os.getloadavg()[0]
     print(f"machine: {os.cpu_count()} CPUs, load average {load:.1f} at start")
     started = time.perf_counter()
-    bench = Bench(args.nodes, seed=1)
+    bench = Bench(args.nodes, seed=1, policy=args.policy)
     gc.freeze()  # what gpushare-extender does once synced
-    print(f"{args.nodes} nodes synced in {time.perf_counter() - started:.1f} s")
+    synced = time.perf_counter() - started
+    print(f"{args.nodes} nodes synced in {synced:.1f} s, policy {args.policy}")
+    print(codec_figures(bench))
 
     rate = bench.binds(args.binds)
     print(f"bind, in-process, 1 thread: {rate:,.0f} pods/s ({args.binds} binds)")
@@ -230,8 +286,12 @@ def main() -> None:
     pauses = FullCollections()
     samples = bench.stream(args.pods, bench.in_process)
     print(line("in-process, first pod of a shape", samples["cold"]))
+    print(line("in-process, first pod, thread CPU", samples["cold_cpu"]))
     print(line("in-process, stream, wall clock", samples["wall"]))
     print(line("in-process, stream, thread CPU", samples["cpu"]))
+    print(line("in-process, stream, bind thread CPU", samples["bind_cpu"]))
+    per_pod = statistics.mean(samples["cpu"]) + statistics.mean(samples["bind_cpu"])
+    print(f"  thread CPU per pod, filter+prioritize+bind: {per_pod:.2f} ms mean")
     print(f"  (full garbage collections during the stream: {pauses.report()})")
 
     server = HttpServer(bench.service.app()).start()
@@ -242,17 +302,29 @@ def main() -> None:
         bind = bench.bind_body(pod, "").decode()
         bodies.append((bench.args(pod, bench.names), manifest, bind[: bind.rindex('""')].encode()))
     before = handler_seconds(bench)
+    assert server._thread is not None and server._thread.ident is not None
+    loop_clock = time.pthread_getcpuclockid(server._thread.ident)
+    loop_cpu = time.clock_gettime(loop_clock)
     results: Any = multiprocessing.Queue()
     url = server.url + bench.service.config.url_prefix
     client = multiprocessing.Process(target=http_client, args=(url, bodies, results))
     client.start()
     latencies = results.get()
     client.join()
+    loop_cpu = time.clock_gettime(loop_clock) - loop_cpu
     server.stop()
     print(line("HTTP loopback, stream, wall clock", latencies))
+    added_p50 = statistics.median(latencies) - statistics.median(samples["wall"])
+    added_p99 = percentile(latencies, 0.99) - percentile(samples["wall"], 0.99)
+    print(f"  HTTP minus in-process: p50 {added_p50:+.2f} ms, p99 {added_p99:+.2f} ms")
     (total, calls), (total_before, calls_before) = handler_seconds(bench), before
     mean = (total - total_before) / max(calls - calls_before, 1) * 1e3
     print(f"  (server side, per filter or prioritize request: {mean:.2f} ms mean in the handler)")
+    per_pod = loop_cpu / len(pods) * 1e3
+    print(
+        f"  server event-loop thread CPU per pod (filter, prioritize, bind's dispatch): "
+        f"{per_pod:.2f} ms mean, against {statistics.mean(samples['cpu']):.2f} ms in-process"
+    )
     bench.service.stop_watching()
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 

@@ -4,7 +4,8 @@ A scheduler asks about every node for each pod, and between two pods only the
 node that took the last pod changed. So a node's result (its evaluation, or
 whatever its owner made of it) is kept per key (a request shape, and whatever
 else decides the result) until the owner says the node changed, and a table
-made under other policy knowledge (another epoch) is not reused. The extender
+made under other policy knowledge (another epoch) is not reused, unless its owner
+rebases it (checks its results against the new knowledge itself). The extender
 keeps its per-node answers ready to send in these tables, the simulator its
 heap of the best nodes; both then evaluate one node per pod instead of all.
 
@@ -42,6 +43,12 @@ class FitTable(Generic[Node, Result]):
     def forget(self, node: Node) -> None:
         if self.results.pop(node, None) is not None:
             self.stale.add(node)
+
+    def rebase(self, epochs: Hashable) -> bool:
+        """Whether this table takes results under other epochs from now on, its owner
+        checking the results it holds before it answers from them (then `epochs` is
+        set to the new ones); False (this default) and the cache starts a new table."""
+        return False
 
 
 Table = TypeVar("Table", bound=FitTable[Any, Any])
@@ -81,7 +88,7 @@ class FitCache(Generic[Table]):
         """The key's table, caught up with the changes; a new, empty one when there is
         none yet or it was made under other epochs."""
         table = self._tables.get(key)
-        if table is None or table.epochs != epochs:
+        if table is None or (table.epochs != epochs and not table.rebase(epochs)):
             table = self._tables[key] = self._new_table(len(self._log), epochs)
             if self._limit is not None and len(self._tables) > self._limit:
                 self._tables.popitem(last=False)

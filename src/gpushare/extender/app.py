@@ -162,7 +162,10 @@ def _verbs(extender: Extender, url_prefix: str, limits: ReadLimits) -> APIRouter
         Verb.PREEMPT: (extender.preempt, PREEMPTION_ARGS_MAX),
     }
     for verb, (handler, limit) in verbs_.items():
-        router.add_api_route(
+        # A plain Starlette route: the endpoint reads the request itself, and FastAPI's
+        # request handling around it costs about 0.06 ms of the event loop's CPU a
+        # request (0.27 against 0.21 ms for a 100 KB POST), a sixth of what HTTP adds.
+        router.add_route(
             f"{prefix}/{verb}",
             _endpoint(
                 verb,

@@ -5,7 +5,7 @@ prioritize with the same few NodeNames lists (the nodes that passed its own
 filters, then ours), and decoding 5,000 names through the full model is most of
 what a request costs. Go writes NodeNames as the last member of ExtenderArgs, so
 a body `H,"NodeNames":X}` is read as two documents: `H}` (the Pod and Nodes, a
-small one) through the model, and X with json's C decoder. A body that ends with
+small one) through the model, and X with orjson. A body that ends with
 the exact bytes of a tail read recently is not decoded again: it gets the same
 list object, which the cache then recognises by identity.
 
@@ -18,9 +18,10 @@ Any body that does not fit (another layout, an error) takes the full parse,
 which alone decides errors and their messages.
 """
 
-import json
 import threading
 from collections import OrderedDict
+
+import orjson
 
 from gpushare.extender.wire import ExtenderArgs, WireError, parse
 
@@ -92,14 +93,14 @@ def _head(body: bytes, end: int) -> ExtenderArgs | None:
 
 def _names(value: bytes) -> list[str] | None:
     """A JSON array of strings, decoded as pydantic would; None for anything else.
-    json.loads takes lone surrogate escapes that pydantic refuses, so only ASCII
-    without \\u escapes is taken (node names are DNS names)."""
+    Only ASCII without \\u escapes is taken (node names are DNS names): there every
+    JSON decoder reads alike, whatever each makes of lone surrogate escapes."""
     if not value.isascii() or b"\\u" in value or value.count(b"[") != 1:
-        # One '[': a flat array, as names never hold one; json's recursive decoder
-        # would raise RecursionError on deep nesting, which the full parse refuses.
+        # One '[': a flat array, as names never hold one; deep nesting is left to the
+        # full parse, which refuses it with its own message.
         return None
     try:
-        names = json.loads(value)
+        names = orjson.loads(value)
         "".join(names)  # a TypeError unless every element is a string
     except (ValueError, TypeError):
         return None

@@ -28,15 +28,16 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
+from itertools import count
 from typing import Any
 
 from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster import EventType
 from gpushare.errors import AnnotationError, Refusal, Rule
-from gpushare.extender.fittable import Answers, AnswerTable, NodeFit
+from gpushare.extender.fittable import ANONYMOUS, Answers, AnswerTable, NodeFit, State
 from gpushare.extender.nodedetails import ClusterDetails, NodeDetails, node_details
 from gpushare.extender.pendingpod import PendingPod, pending_pod
 from gpushare.extender.policychoice import node_policy
@@ -44,12 +45,18 @@ from gpushare.extender.waiting import RefusedPods, UnservedPods
 from gpushare.fitcache import FitCache
 from gpushare.inventory import adds_room, node_gpus
 from gpushare.objects import Node, Pod
-from gpushare.placement.fit import PlacementPolicy, evaluate, extender_score, to_allocation
+from gpushare.placement.fit import (
+    Placement,
+    PlacementPolicy,
+    evaluate,
+    extender_score,
+    to_allocation,
+)
 from gpushare.placement.policies import DEFAULT_PLACEMENT, POLICIES, PolicyFactory, build
 from gpushare.placement.preemption import choose_victims
 from gpushare.request import PodRequest, requests_gpu
 from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU, MANAGED_RESOURCES, parse_quantity
-from gpushare.state import ClusterState, Snapshot
+from gpushare.state import ClusterState, NodeView, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +67,11 @@ then the API shows the pod gone or still unbound."""
 _FIT_TABLES = 64
 """Request shapes whose per-node results are kept (most recently used first)."""
 _OBSERVED_LIMIT = 100_000
+_STATE_FIELDS = tuple(f.name for f in fields(NodeView) if f.name != "name")
+"""What placement reads of a node: its view, but for its name."""
+_STATES_LIMIT = 100_000
+"""Distinct node states numbered before the numbering starts over (bounds memory)."""
+
 _EXPIRY_EVERY_S = 5.0
 
 
@@ -116,6 +128,11 @@ class SchedulerCache:
         self._assumed: dict[str, _Assumed] = {}
         self._policy_use: Counter[str] = Counter()
         self._fits: FitCache[AnswerTable] = FitCache(AnswerTable, _FIT_TABLES)
+        self._state_numbers: dict[tuple[Any, ...], int] = {}
+        """Each distinct node state (its view's fields but the name) by number."""
+        self._node_states: dict[str, tuple[NodeView, int]] = {}
+        """Each node's view last numbered, and its state's number."""
+        self._numbers = count()
         self._observed: OrderedDict[str, None] = OrderedDict()
         self._next_expiry = 0.0
         # served_schedulers None: neither book looks at a pod's schedulerName.
@@ -422,9 +439,8 @@ class SchedulerCache:
     def _answers(self, pod: PendingPod, names: list[str]) -> Answers:
         """Nodes that did not change since an earlier request of the same shape are
         not evaluated again."""
-        request, policy = pod.request, pod.policy
-        table = self._table(request, policy)
-        return table.answers(names, lambda name: self._evaluate(name, request, policy))
+        table = self._table(pod.request, pod.policy)
+        return table.answers(names, _Evaluation(self, pod.request, pod.policy))
 
     def _policy_for(self, node: str, pod_policy: str | None) -> PlacementPolicy:
         name = pod_policy or self._node_policies[node]  # called for nodes with GPUs only
@@ -479,6 +495,7 @@ class SchedulerCache:
 
     def _rebuild(self) -> None:
         self._state = ClusterState()
+        self._node_states = {}
         self._node_policies = {}
         self._node_problems = {}
         self._policy_use = Counter()
@@ -531,6 +548,7 @@ class SchedulerCache:
         self._node_problems.pop(name, None)
         if not keep_pods:
             self._state.remove_node(name)
+            self._node_states.pop(name, None)
 
     def _set_allocation(self, pod_key: str, allocation: PodAllocation | None) -> None:
         old = self._state.allocation(pod_key)
@@ -566,6 +584,21 @@ class SchedulerCache:
         )
         return self._fits.table((pod_policy, request.shape), epochs)
 
+    def _state_number(self, name: str, view: NodeView) -> int:
+        """The number of the node's state: equal for nodes whose views differ only by
+        name. Numbers are never reused, so answers kept under an old one stay right."""
+        known = self._node_states.get(name)
+        if known is not None and known[0] is view:
+            return known[1]
+        nameless = tuple(map(view.__getattribute__, _STATE_FIELDS))
+        number = self._state_numbers.get(nameless)
+        if number is None:
+            if len(self._state_numbers) >= _STATES_LIMIT:
+                self._state_numbers.clear()
+            number = self._state_numbers[nameless] = next(self._numbers)
+        self._node_states[name] = (view, number)
+        return number
+
     def _evaluate(self, name: str, request: PodRequest, pod_policy: str | None) -> NodeFit:
         state = self._state.nodes.get(name)
         if state is None:
@@ -577,10 +610,43 @@ class SchedulerCache:
             )
             refusal = Refusal(Rule.NODE_UNKNOWN, message)
             return NodeFit(None, refusal, 0)
-        result = evaluate(state.view(), request, self._policy_for(name, pod_policy))
-        if isinstance(result, Refusal):
-            return NodeFit(None, result, 0)
-        return NodeFit(result, None, extender_score(result.score))
+        return _fit(evaluate(state.view(), request, self._policy_for(name, pod_policy)))
+
+
+class _Evaluation:
+    """The answers a table has none of, for one request (fittable.Evaluation); called
+    with the cache's lock held."""
+
+    def __init__(self, cache: SchedulerCache, request: PodRequest, pod_policy: str | None):
+        self.cache = cache
+        self.request = request
+        self.pod_policy = pod_policy
+
+    def state(self, name: str) -> State | None:
+        cache = self.cache
+        node = cache._state.nodes.get(name)
+        if node is None:
+            return None
+        policy = self.pod_policy or cache._node_policies[name]
+        if not cache._policy_objects[policy].nameless:
+            return None
+        return (cache._state_number(name, node.view()), policy)
+
+    def of_state(self, state: State, name: str) -> tuple[NodeView, NodeFit]:
+        view = replace(self.cache._state.nodes[name].view(), name=ANONYMOUS)
+        return view, self.again(state, view)
+
+    def again(self, state: State, view: NodeView) -> NodeFit:
+        return _fit(evaluate(view, self.request, self.cache._policy_objects[state[1]]))
+
+    def of_node(self, name: str) -> NodeFit:
+        return self.cache._evaluate(name, self.request, self.pod_policy)
+
+
+def _fit(result: Placement | Refusal) -> NodeFit:
+    if isinstance(result, Refusal):
+        return NodeFit(None, result, 0)
+    return NodeFit(result, None, extender_score(result.score))
 
 
 def _our_allocatable(node: Node | None) -> dict[str, int]:

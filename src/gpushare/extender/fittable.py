@@ -10,16 +10,18 @@ is what costs. The entries live in the core's FitCache tables (gpushare.fitcache
 which forget a node's entry when it changes.
 """
 
-import json
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from operator import itemgetter
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
+
+import orjson
 
 from gpushare.errors import Refusal
 from gpushare.extender.wire import for_scheduler
 from gpushare.fitcache import FitTable
 from gpushare.placement.fit import Placement
+from gpushare.state import NodeView
 
 
 class NodeFit(NamedTuple):
@@ -110,7 +112,7 @@ class Answers:
         return self.passed_json() == "[]"
 
     def passed(self) -> set[str]:
-        return {json.loads(name) for name in filter(None, map(_PART[_PASSED], self.entries))}
+        return {orjson.loads(name) for name in filter(None, map(_PART[_PASSED], self.entries))}
 
     def failed_json(self) -> str:
         """The FailedNodes object, as JSON."""
@@ -144,35 +146,152 @@ class _Lookup:
         self.positions: dict[str, int] | None = None
 
 
+State = tuple[int, str]
+"""A node's state as the answer depends on it: the number the cache gave its view
+without the node's name, and the name of the policy that places pods there."""
+
+ANONYMOUS = "\x00node\x00"
+"""The name a state is evaluated under when its answer serves every node in it; each
+node's refusal names it in place of this."""
+_ANONYMOUS_JSON = orjson.dumps(ANONYMOUS).decode()[1:-1]
+
+
+class Evaluation(Protocol):
+    """How a table gets the answers it has none of, for one request."""
+
+    def state(self, name: str) -> State | None:
+        """The node's state, or None when its answer is to be evaluated for it alone
+        (a node not known, a policy that may read node names)."""
+
+    def of_state(self, state: State, name: str) -> tuple[NodeView, NodeFit]:
+        """The state's view (named ANONYMOUS) and the answer there; `name` is a node in it."""
+
+    def again(self, state: State, view: NodeView) -> NodeFit:
+        """The state's answer under the current epochs."""
+
+    def of_node(self, name: str) -> NodeFit:
+        """The node's answer, evaluated for it alone."""
+
+
+class _Template(NamedTuple):
+    """A state's answer, ready to become any node's entry in it."""
+
+    view: NodeView
+    fit: NodeFit
+    score: str
+    """`,"Score":n}`: the end of a priority."""
+    reason: str | None
+    """The refusal as JSON, ANONYMOUS (as JSON) where the node's name goes."""
+
+    @classmethod
+    def of(cls, view: NodeView, fit: NodeFit) -> "_Template":
+        reason = None
+        if fit.refusal is not None:
+            reason = orjson.dumps(for_scheduler(str(fit.refusal))).decode()
+        return cls(view, fit, f',"Score":{fit.score}}}', reason)
+
+    def entry(self, name: str) -> _Entry:
+        """What _put makes of the node's own refusal: JSON and for_scheduler change a
+        text character by character, so the name can go in after both."""
+        key = orjson.dumps(name).decode()
+        priority = '{"Host":' + key + self.score
+        if self.reason is None:
+            return (key, None, None, None, priority)
+        named = key[1:-1] if "%" not in name else orjson.dumps(for_scheduler(name)).decode()[1:-1]
+        reason = key + ":" + self.reason.replace(_ANONYMOUS_JSON, named)
+        refusal = self.fit.refusal
+        assert refusal is not None
+        if refusal.rule.resolvable:
+            return (None, refusal.rule.value, reason, None, priority)
+        return (None, refusal.rule.value, None, reason, priority)
+
+
 class AnswerTable(FitTable[str, _Entry]):
     """One request shape's entries per node, and the candidate lists last answered."""
 
     def __init__(self, position: int, epochs: Hashable) -> None:
         super().__init__(position, epochs)
+        self._by_state: dict[State, _Template] = {}
+        """The answer for each state a node may be in, whatever the node: most nodes
+        of a large cluster are in one of a few states, so a first look evaluates
+        those few states rather than every node."""
+        self._state_of: dict[str, State] = {}
+        """The state each node's entry was made from."""
+        self._nodes_in: dict[State, set[str]] = {}
+        self._moved = False
+        """The epochs moved since the states were last evaluated (`rebase`)."""
         self._recent: list[_Lookup] = []
         """The last candidate lists answered (filter's and prioritize's), to patch
         rather than look up again when the scheduler sends the same list."""
 
-    def answers(self, names: list[str], evaluate: Callable[[str], NodeFit]) -> Answers:
+    def answers(self, names: list[str], evaluation: Evaluation) -> Answers:
         """Every node's entry, evaluating the nodes that have none yet."""
+        self._revalidate(evaluation)
         if self.stale:
             for lookup in self._recent:
                 lookup.stale |= self.stale
             self.stale.clear()
         recent = sorted(self._recent, key=lambda lookup: lookup.names is not names)
         for lookup in recent:  # the same list object first: no need to compare names
-            if (lookup.names is names or lookup.names == names) and self._refresh(lookup, evaluate):
+            same = lookup.names is names or lookup.names == names
+            if same and self._refresh(lookup, evaluation):
                 return lookup.answers
         entries = list(map(self.results.get, names))
         if not all(entries):  # entries are non-empty tuples; None marks a node to evaluate
             for i, entry in enumerate(entries):
                 if entry is None:
-                    entries[i] = self._put(names[i], evaluate(names[i]))
+                    entries[i] = self._entry(names[i], evaluation)
         lookup = _Lookup(names, Answers(entries))  # type: ignore[arg-type]
         self._recent = [*self._recent, lookup][-_RECENT:]
         return lookup.answers
 
-    def _refresh(self, lookup: _Lookup, evaluate: Callable[[str], NodeFit]) -> bool:
+    def _entry(self, name: str, evaluation: Evaluation) -> _Entry:
+        state = evaluation.state(name)
+        if state is None:
+            return self._put(name, evaluation.of_node(name))
+        template = self._by_state.get(state)
+        if template is None:
+            template = self._by_state[state] = _Template.of(*evaluation.of_state(state, name))
+        self._state_of[name] = state
+        nodes = self._nodes_in.get(state)
+        if nodes is None:
+            nodes = self._nodes_in[state] = set()
+        nodes.add(name)
+        entry = self.results[name] = template.entry(name)
+        return entry
+
+    def forget(self, node: str) -> None:
+        super().forget(node)
+        state = self._state_of.pop(node, None)
+        if state is not None:
+            nodes = self._nodes_in[state]
+            nodes.discard(node)
+            if not nodes:  # no node left in this state: let its answer go
+                del self._nodes_in[state], self._by_state[state]
+
+    def rebase(self, epochs: Hashable) -> bool:
+        """Takes the new epochs: the next `answers` evaluates each state again and
+        forgets the nodes whose answer changed, instead of every node being evaluated
+        afresh (scores are 0..10, so most answers survive a small move of a workload).
+        Nodes evaluated alone are forgotten: their policy may have moved too."""
+        self.epochs = epochs
+        self._moved = True
+        return True
+
+    def _revalidate(self, evaluation: Evaluation) -> None:
+        if not self._moved:
+            return
+        self._moved = False
+        for node in [n for n in self.results if n not in self._state_of]:
+            self.forget(node)
+        for state, template in list(self._by_state.items()):
+            new = evaluation.again(state, template.view)
+            if (new.score, new.refusal) == (template.fit.score, template.fit.refusal):
+                continue  # the same entries
+            for node in list(self._nodes_in[state]):
+                self.forget(node)  # the last one lets the state's template go
+
+    def _refresh(self, lookup: _Lookup, evaluation: Evaluation) -> bool:
         """Patches the entries of the nodes that changed; False when it cannot (the
         list names a node twice)."""
         if not lookup.stale:
@@ -188,19 +307,19 @@ class AnswerTable(FitTable[str, _Entry]):
         if not changed:
             return True
         changes = [
-            (i, self.results.get(name) or self._put(name, evaluate(name))) for i, name in changed
+            (i, self.results.get(name) or self._entry(name, evaluation)) for i, name in changed
         ]
         lookup.answers = lookup.answers.patched(changes)
         return True
 
     def _put(self, name: str, fit: NodeFit) -> _Entry:
-        key = json.dumps(name)
+        key = orjson.dumps(name).decode()
         priority = f'{{"Host":{key},"Score":{fit.score}}}'
         entry: _Entry
         if fit.refusal is None:
             entry = (key, None, None, None, priority)
         else:
-            reason = f"{key}:{json.dumps(for_scheduler(str(fit.refusal)))}"
+            reason = f"{key}:{orjson.dumps(for_scheduler(str(fit.refusal))).decode()}"
             resolvable = fit.refusal.rule.resolvable
             entry = (
                 None,

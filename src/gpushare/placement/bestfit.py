@@ -22,6 +22,7 @@ GPU_SCALE = 8 * MILLI
 
 class BestFitPolicy(PlacementPolicy):
     name = "bestfit"
+    nameless = True
 
     def gpu_key(self, gpu: GpuView, mem_after: int, core_after: int) -> tuple[int, ...]:
         return (mem_after, core_after, gpu.index)

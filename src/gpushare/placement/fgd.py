@@ -42,6 +42,7 @@ class WorkloadAwarePolicy(PlacementPolicy):
     it from observe() (the extender's case)."""
 
     coverage: ClassVar[float] = COVERAGE
+    nameless = True
 
     def __init__(self, workload: Workload | None = None) -> None:
         self._learner = LearnedWorkload() if workload is None else None

@@ -54,6 +54,10 @@ class PlacementPolicy(ABC):
     registry, gpushare.placement.policies): a policy that learns keeps what it learned in them."""
 
     name: ClassVar[str]
+    nameless: ClassVar[bool] = False
+    """Whether the policy judges a node by its state alone, never by its name: then
+    nodes in the same state get the same placement and score, and the extender
+    evaluates each distinct state once for all of them. False unless a policy says so."""
     epoch: int = 0
     """Bumped by policies that learn, whenever what they learned changes their scores,
     so cached placements made under the old knowledge are not reused."""

@@ -27,6 +27,7 @@ def _free_after(view: NodeView, assignment: Assignment) -> float:
 
 class BinpackPolicy(PlacementPolicy):
     name = "binpack"
+    nameless = True
 
     def gpu_key(self, gpu: GpuView, mem_after: int, core_after: int) -> tuple[int, ...]:
         return (mem_after, core_after, gpu.index)
@@ -37,6 +38,7 @@ class BinpackPolicy(PlacementPolicy):
 
 class SpreadPolicy(PlacementPolicy):
     name = "spread"
+    nameless = True
 
     def gpu_key(self, gpu: GpuView, mem_after: int, core_after: int) -> tuple[int, ...]:
         return (-mem_after, -core_after, gpu.index)

@@ -1,0 +1,161 @@
+"""Nodes in the same state share one evaluation: their answers are what each node
+evaluated on its own would get, a node that changes is answered from its new state,
+and a learned workload that moves is answered as if every node were evaluated
+afresh under it."""
+
+import json
+import random
+
+from gpushare.allocation import PodAllocation
+from gpushare.extender.cache import SchedulerCache
+from gpushare.extender.pendingpod import PendingPod
+from gpushare.placement.fit import Assignment, Placement, PlacementPolicy
+from gpushare.placement.lookahead import LookaheadFgdPolicy
+from gpushare.placement.policies import POLICIES, PolicyFactory
+from gpushare.request import PodRequest
+from gpushare.state import GpuView, NodeView
+from tests.builders import T0, node, request
+
+SHAPES = [
+    {"mem": 2},
+    {"mem": 5},
+    {"count": 2},
+    {"mem": 3, "core": 30},
+    {"count": 1},
+    {"mem": 15},
+]
+LAYOUTS = [("4x16GiB", "cgpu"), ("8x24GiB", "cgpu"), ("2x16GiB", "core_mem")]
+
+
+class NodeByNode(PlacementPolicy):
+    """The policy, evaluated for each node alone (it does not say it is nameless)."""
+
+    name = LookaheadFgdPolicy.name
+
+    def __init__(self, policy: PlacementPolicy) -> None:
+        self.policy = policy
+
+    @property  # type: ignore[override]
+    def epoch(self) -> int:
+        return self.policy.epoch
+
+    def place(self, view: NodeView, request: PodRequest) -> Placement | None:
+        return self.policy.place(view, request)
+
+    def gpu_key(self, gpu: GpuView, mem_after: int, core_after: int) -> tuple[int, ...]:
+        raise AssertionError("place() is the policy's")
+
+    def score(self, view: NodeView, request: PodRequest, assignment: Assignment) -> float:
+        raise AssertionError("place() is the policy's")
+
+
+def registry_with(policy: PlacementPolicy) -> dict[str, PolicyFactory]:
+    return {**POLICIES, policy.name: lambda: policy}
+
+
+def pending(name: str, shape: dict, uid: str | None = None) -> PendingPod:
+    return PendingPod(f"default/{name}", uid or f"uid-{name}", request(**shape), None, 0)
+
+
+def cache_of(nodes: list[tuple[str, str, str]], policy: PlacementPolicy) -> SchedulerCache:
+    cache = SchedulerCache("fgd-lookahead", policies=registry_with(policy))
+    cache.replace_nodes([node(name, layout, mode=mode) for name, layout, mode in nodes])
+    cache.replace_pods([])
+    return cache
+
+
+def said(cache: SchedulerCache, shape: dict, names: list[str]) -> dict[str, object]:
+    """Everything filter and prioritize send about these nodes, decoded."""
+    answers = cache.answers(pending("asked", shape), names)
+    return {
+        "passed": json.loads(answers.passed_json()),
+        "failed": json.loads(answers.failed_json()),
+        "unresolvable": json.loads(answers.unresolvable_json()),
+        "priorities": json.loads(answers.priorities_json()),
+        "rules": answers.rules(),
+    }
+
+
+class Cluster:
+    """Many nodes in a few layouts with pods placed on some, and beside the shared
+    cache one cache per node: that node alone, evaluated node by node (the fresh
+    evaluation the shared one must agree with)."""
+
+    def __init__(self, policy: LookaheadFgdPolicy, size: int = 36, seed: int = 5) -> None:
+        rng = random.Random(seed)
+        self.nodes = [(f"n{i:02d}", *LAYOUTS[i % len(LAYOUTS)]) for i in range(size)]
+        self.names = [name for name, _, _ in self.nodes]
+        self.shared = cache_of(self.nodes, policy)
+        self.alone = {n[0]: cache_of([n], NodeByNode(policy)) for n in self.nodes}
+        # Few distinct pods, so that many nodes end up in the same state.
+        for i in range(size):
+            name = self.names[rng.randrange(size) % 12]
+            self.place(name, f"q{i}", SHAPES[rng.randrange(2)])
+
+    def place(self, name: str, pod_name: str, shape: dict) -> bool:
+        """Whether the pod fits on the node (then it is placed there in both)."""
+        pod = pending(pod_name, shape)
+        shared = self.shared.reserve(pod, name, T0)
+        alone = self.alone[name].reserve(pod, name, T0)
+        assert shared == alone  # the same GPUs, or the same refusal
+        return isinstance(shared, PodAllocation)
+
+    def fresh(self, shape: dict) -> dict[str, object]:
+        parts: dict[str, dict] = {"failed": {}, "unresolvable": {}}
+        passed: list[str] = []
+        priorities: list[dict] = []
+        rules: dict[str, int] = {}
+        for name in self.names:
+            one = said(self.alone[name], shape, [name])
+            passed += one["passed"]  # type: ignore[operator]
+            priorities += one["priorities"]  # type: ignore[operator]
+            parts["failed"].update(one["failed"])  # type: ignore[arg-type]
+            parts["unresolvable"].update(one["unresolvable"])  # type: ignore[arg-type]
+            for rule, count in one["rules"].items():  # type: ignore[attr-defined]
+                rules[rule] = rules.get(rule, 0) + count
+        return {"passed": passed, **parts, "priorities": priorities, "rules": rules}
+
+
+def test_nodes_in_one_state_are_answered_as_each_alone_would_be():
+    cluster = Cluster(LookaheadFgdPolicy())
+    for shape in SHAPES:
+        assert said(cluster.shared, shape, cluster.names) == cluster.fresh(shape), shape
+
+
+def test_each_refused_node_is_named_in_its_own_reason():
+    cluster = Cluster(LookaheadFgdPolicy())
+    answer = said(cluster.shared, {"mem": 3, "core": 30}, cluster.names)
+    refused = {**answer["failed"], **answer["unresolvable"]}  # type: ignore[dict-item]
+    assert len(refused) > 2  # the cgpu nodes: several in one state
+    for name, reason in refused.items():
+        assert f"node {name} " in reason and "\\x00" not in reason and "\x00" not in reason
+
+
+def test_a_node_that_changes_is_answered_from_its_new_state():
+    cluster = Cluster(LookaheadFgdPolicy())
+    shape = {"mem": 15}
+    before = said(cluster.shared, shape, cluster.names)
+    # Fill n00 up with 14 GiB slices: 2 GiB or less left on each GPU.
+    placed = 0
+    while cluster.place("n00", f"big{placed}", {"mem": 14}):
+        placed += 1
+    assert placed
+    after = said(cluster.shared, shape, cluster.names)
+    assert "n00" in before["passed"] and "n00" not in after["passed"]  # type: ignore[operator]
+    assert "node n00 " in after["failed"]["n00"]  # type: ignore[index]
+    assert after == cluster.fresh(shape)
+
+
+def test_a_moved_workload_answers_as_a_fresh_evaluation_would():
+    policy = LookaheadFgdPolicy()  # learning, from its prior
+    cluster = Cluster(policy)
+    asked = [said(cluster.shared, shape, cluster.names) for shape in SHAPES]
+    epoch = policy.epoch
+    seen: PodRequest = request(mem=11)
+    for _ in range(64):  # a workload of 11 GiB slices only
+        policy.observe(seen)
+    assert policy.epoch > epoch
+    moved = [said(cluster.shared, shape, cluster.names) for shape in SHAPES]
+    assert moved != asked  # some node's answer did change
+    for shape, answer in zip(SHAPES, moved, strict=True):
+        assert answer == cluster.fresh(shape), shape

@@ -105,7 +105,10 @@ def wait_firing(prometheus: PrometheusServer, name: str, **labels: str) -> dict[
         found = [a for a in active(prometheus, name, **labels) if a["state"] == "firing"]
         return found[0] if found else None
 
-    alert = wait_for(f"{name} {labels} firing", firing, timeout=60, every=0.5)
+    try:
+        alert = wait_for(f"{name} {labels} firing", firing, timeout=60, every=0.5)
+    except AssertionError as err:
+        raise AssertionError(f"{err}\nactive alerts: {prometheus.alerts()}") from None
     assert alert["annotations"]["runbook_url"].endswith("#" + name.lower())
     return alert
 

@@ -37,6 +37,10 @@ def test_a_flipped_gpu_turns_its_devices_unhealthy_and_back(make_rig):
     assert eventually(lambda: _published(rig) == {0: True, 1: False})
     assert rig.plugin.metrics.value("gpushare_gpu_healthy", gpu="1") == 0
     assert rig.plugin.metrics.value("gpushare_gpu_healthy", gpu="0") == 1
+    advertised = "gpushare_device_plugin_advertised_devices"
+    # The healthy devices of the list the kubelet got: one GPU's 16 GiB, one whole GPU.
+    assert rig.plugin.metrics.value(advertised, resource=GPU_MEM) == 16
+    assert rig.plugin.metrics.value(advertised, resource=GPU_COUNT) == 1
 
     rig.backend.set_healthy(1, True)
 
@@ -47,6 +51,7 @@ def test_a_flipped_gpu_turns_its_devices_unhealthy_and_back(make_rig):
         WAIT,
     )
     assert eventually(lambda: _published(rig) == {0: True, 1: True})
+    assert rig.plugin.metrics.value(advertised, resource=GPU_MEM) == 32
 
 
 def test_the_kubelet_picks_no_device_of_an_unhealthy_gpu(make_rig):

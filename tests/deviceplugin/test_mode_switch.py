@@ -6,7 +6,7 @@ from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.environment import POD
 from gpushare.inventory import parse_layout
 from gpushare.labels import LABEL_DISABLE_ISOLATION, LABEL_LEGACY_SHARE, LABEL_SCHEDULE
-from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
+from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM, MANAGED_RESOURCES
 from tests.deviceplugin.rig import WAIT, eventually
 
 
@@ -74,9 +74,12 @@ def test_mode_and_isolation_label_change_the_environment_of_later_containers(mak
 
 def test_an_unlabelled_node_says_why_it_advertises_nothing(make_rig, caplog):
     with caplog.at_level(logging.INFO, logger="gpushare.deviceplugin"):
-        make_rig(mode=None).start()
+        rig = make_rig(mode=None).start()
 
     assert "node mode is unset: advertising nothing" in caplog.text
+    advertised = "gpushare_device_plugin_advertised_devices"
+    values = [rig.plugin.metrics.value(advertised, resource=r) for r in MANAGED_RESOURCES]
+    assert values == [0, 0, 0]
 
 
 def test_a_wrong_node_name_is_reported_and_nothing_is_advertised(make_rig, caplog):

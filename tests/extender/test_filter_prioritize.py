@@ -6,6 +6,7 @@ import re
 import httpx
 
 from gpushare.cluster.memory import gpu_node
+from gpushare.errors import Rule
 from gpushare.inventory import parse_layout
 from tests.builders import node, pod
 from tests.extender.harness import PREFIX, allocation_of, pod_json
@@ -287,13 +288,15 @@ def test_metrics_count_the_nodes_filter_refused_by_rule(cluster, scheduler_for):
     assert s.schedule(s.submit(pod("first", mem=14))) == "busy"
     s.filter(s.submit(pod("second", mem=12)), ["busy", "small", "ghost"])
     s.filter(pod("broken", core=33), ["busy", "small", "ghost"])
-    assert rejections(s) == {
+    counted = {
         "insufficient-gpu-memory": 1.0,
         "gpu-too-small": 2.0,  # small refused first too
         "node-unknown": 1.0,
         "core-multiple-of-5": 3.0,
         "core-needs-gpu-mem": 3.0,
     }
+    # Every other rule's series is there at 0, so its first rejection shows as an increase.
+    assert rejections(s) == {rule.value: counted.get(rule.value, 0.0) for rule in Rule}
 
 
 def test_prioritize_scores_a_pod_without_our_resources_zero_everywhere(cluster, scheduler_for):

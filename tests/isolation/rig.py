@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from gpushare.environment import CONTAINER
 from gpushare.isolation.agent import AgentConfig, IsolationAgent
 from gpushare.isolation.backends.mock import MockBackend, MockContainer
 from gpushare.isolation.clock import SimulatedClock
@@ -49,6 +50,19 @@ class Rig:
 
     def container_dir(self, pod_name: str) -> str:
         return f"{self.node.gpu_of[pod_name]}/{self.key(pod_name)}"
+
+
+def container_labels(r: Rig, pod_name: str) -> dict[str, str]:
+    """The labels of the agent's series of the pod's container (in namespace `default`)."""
+    container = r.node.container(pod_name)
+    return {
+        "node": NODE,
+        "gpu": str(r.node.gpu_of[pod_name]),
+        "namespace": "default",
+        "pod": pod_name,
+        "container": container.environ[CONTAINER],
+        "container_id": container.id,
+    }
 
 
 def rig(

@@ -12,7 +12,7 @@ from gpushare.isolation.memory import MemoryAction
 from gpushare.isolation.policy import Policy
 from gpushare.labels import NodeMode
 from gpushare.testing.scenario import Workload, place
-from tests.isolation.rig import NODE, SLICE, rig
+from tests.isolation.rig import NODE, SLICE, container_labels, rig
 
 
 def test_weights_one_to_two_get_one_to_two_of_the_compute(tmp_path):
@@ -114,13 +114,7 @@ def test_an_allocation_past_the_cap_is_acted_on_within_one_poll(tmp_path, caplog
     assert r.read(f"{r.container_dir('leaky')}/violations") == "1\n"
     violations = r.agent.metrics.registry.get_sample_value(
         "gpushare_isolation_memory_cap_violations_total",
-        {
-            "node": NODE,
-            "gpu": "0",
-            "container": r.key("leaky"),
-            "pod": "default/leaky",
-            "action": "kill",
-        },
+        {**container_labels(r, "leaky"), "action": "kill"},
     )
     assert violations == 1.0
 
@@ -208,17 +202,18 @@ def test_metrics_cover_memory_utilisation_throttling_and_policy(tmp_path):
     )
     r.agent.run(duration_s=6)
     registry = r.agent.metrics.registry
-    labels = {"node": NODE, "gpu": "0", "container": r.key("a"), "pod": "default/a"}
+    labels = container_labels(r, "a")
     assert registry.get_sample_value("gpushare_isolation_memory_used_bytes", labels) == GIB
     assert registry.get_sample_value("gpushare_isolation_memory_cap_bytes", labels) == 4 * GIB
     assert registry.get_sample_value(
         "gpushare_isolation_utilization_percent", labels
     ) == pytest.approx(50, abs=3)
-    throttled = registry.get_sample_value(
-        "gpushare_isolation_throttled_seconds_total",
-        {"node": NODE, "container": r.key("a"), "pod": "default/a"},
-    )
+    throttled = registry.get_sample_value("gpushare_isolation_throttled_seconds_total", labels)
     assert throttled == pytest.approx(3.0, abs=0.3)
+    # Frozen, not under the interposer: the time held back is the time frozen.
+    assert registry.get_sample_value("gpushare_isolation_held_seconds_total", labels) == (
+        pytest.approx(throttled)
+    )
     assert (
         registry.get_sample_value("gpushare_isolation_gpu_policy", {"node": NODE, "gpu": "0"}) == 1
     )
@@ -246,7 +241,10 @@ def test_a_failing_tick_thaws_everyone_and_the_agent_carries_on(tmp_path, caplog
     real_observe = r.backend.observe
     failures = iter([RuntimeError("GPU has fallen off the bus")] * 3)
 
+    healthy = []
+
     def flaky():
+        healthy.append(gpu_sample(r, "gpushare_isolation_gpu_healthy"))
         failure = next(failures, None)
         if failure is not None:
             raise failure
@@ -267,6 +265,52 @@ def test_a_failing_tick_thaws_everyone_and_the_agent_carries_on(tmp_path, caplog
     assert any(frozen_seen[3:])
     assert caplog.text.count("tick failed") == 1
     assert "ticks work again" in caplog.text
+    # The agent could not see its GPU while the ticks failed, and says so.
+    assert healthy[:5] == [1, 0, 0, 0, 1]
+    assert gpu_sample(r, "gpushare_isolation_gpu_healthy") == 1
+
+
+def gpu_sample(r, name: str) -> float | None:
+    return r.agent.metrics.registry.get_sample_value(name, {"node": NODE, "gpu": "0"})
+
+
+def test_per_gpu_metrics_show_its_memory_utilisation_and_policy(tmp_path):
+    r = rig(
+        tmp_path,
+        [
+            Workload("a", 4, memory=(MemoryStep(0, GIB),)),
+            Workload("b", 4, memory=(MemoryStep(0, 2 * GIB),)),
+        ],
+        default_policy=Policy.PREEMPTIVE,
+    )
+    r.agent.run(duration_s=6)
+    assert gpu_sample(r, "gpushare_isolation_gpu_memory_used_bytes") == 3 * GIB
+    assert gpu_sample(r, "gpushare_isolation_gpu_memory_total_bytes") == 16 * GIB
+    assert gpu_sample(r, "gpushare_isolation_gpu_utilization_percent") == pytest.approx(100, abs=5)
+    assert gpu_sample(r, "gpushare_isolation_gpu_policy") == Policy.PREEMPTIVE
+    node = {"node": NODE}
+    assert (
+        r.agent.metrics.registry.get_sample_value("gpushare_isolation_slice_seconds", node) == SLICE
+    )
+
+
+def test_a_tick_that_starts_over_a_slice_late_is_counted(tmp_path):
+    r = rig(tmp_path, [Workload("a", 4)])
+    real_observe = r.backend.observe
+    calls = []
+
+    def counted():
+        calls.append(None)
+        if len(calls) == 2:
+            r.clock.advance(2.5 * SLICE)  # the second tick takes two and a half slices
+        return real_observe()
+
+    r.backend.observe = counted
+    r.agent.run(duration_s=1)
+    late = r.agent.metrics.registry.get_sample_value(
+        "gpushare_isolation_late_ticks_total", {"node": NODE}
+    )
+    assert late == 1
 
 
 def test_a_container_on_two_gpus_runs_only_when_both_let_it(tmp_path):

@@ -4,14 +4,13 @@ import logging
 
 from gpushare.isolation.backends.port import GIB
 from gpushare.isolation.memory import MemoryAction, MemoryCapEnforcer
-from gpushare.isolation.metrics import AgentMetrics
 from gpushare.isolation.workload import ObservedContainer
 from tests.isolation.parts import observed, process
 
 
 def enforcer(action: MemoryAction = MemoryAction.KILL) -> tuple[MemoryCapEnforcer, list[int]]:
     killed: list[int] = []
-    return MemoryCapEnforcer(action, killed.append, AgentMetrics("node-1")), killed
+    return MemoryCapEnforcer(action, killed.append), killed
 
 
 def over() -> dict[str, ObservedContainer]:

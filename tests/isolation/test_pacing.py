@@ -15,11 +15,11 @@ import pytest
 from gpushare.environment import CONTAINER, REGION_FILE
 from gpushare.isolation.backends.mock import MemoryStep
 from gpushare.isolation.backends.port import GIB
-from gpushare.isolation.interposer.region import Region
+from gpushare.isolation.interposer.region import Region, RegionError
 from gpushare.labels import NodeMode
 from gpushare.testing.scenario import Workload
 from tests.fakecuda import Container, fake_cuda_or_skip
-from tests.isolation.rig import NODE, SLICE, Rig, rig
+from tests.isolation.rig import SLICE, Rig, container_labels, rig
 
 TICKS = 100
 
@@ -62,9 +62,12 @@ def _attached(path) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if path.exists():
-            with Region.open(path) as region:
-                if region.attached:
-                    return
+            try:
+                with Region.open(path) as region:
+                    if region.attached:
+                        return
+            except RegionError:  # made, its header not written yet
+                pass
         time.sleep(0.02)
     raise AssertionError(f"no process attached to {path}")
 
@@ -102,12 +105,34 @@ def test_the_tree_the_metrics_and_the_log_say_who_runs_under_it(paced, caplog):
     assert r.read(f"{r.container_dir('infer')}/interposer") == "1\n"
     assert r.read(f"{r.container_dir('train')}/interposer") == "0\n"
     sample = r.agent.metrics.registry.get_sample_value
-    labels = {"node": NODE, "gpu": "0", "pod": "default/infer", "container": r.key("infer")}
-    assert sample("gpushare_isolation_interposer", labels) == 1.0
-    train = {**labels, "pod": "default/train", "container": r.key("train")}
-    assert sample("gpushare_isolation_interposer", train) == 0.0
+    assert sample("gpushare_isolation_interposer", container_labels(r, "infer")) == 1.0
+    assert sample("gpushare_isolation_interposer", container_labels(r, "train")) == 0.0
     assert f"{r.key('infer')} (pod default/infer) runs under the CUDA interposer" in caplog.text
     assert f"{r.key('train')} (pod default/train) runs without the CUDA interposer" in caplog.text
+
+
+def test_what_the_interposer_counts_in_the_region_becomes_the_containers_counters(paced):
+    r, _ = paced
+    r.agent.tick()
+    labels = container_labels(r, "infer")
+
+    def sample(name: str) -> float | None:
+        return r.agent.metrics.registry.get_sample_value(name, labels)
+
+    names = [
+        "gpushare_isolation_launches_held_total",
+        "gpushare_isolation_allocations_refused_total",
+        "gpushare_isolation_held_seconds_total",
+    ]
+    assert [sample(name) for name in names] == [0, 0, 0]
+    with Region.open(region_of(r, "infer")) as region:
+        for launches, refused in ((3, 1), (5, 2)):  # as the library counts them
+            region.record.gpus[0].launches_held += launches
+            region.record.gpus[0].allocations_refused += refused
+            region.record.gpus[0].held_ns += 250_000_000
+            r.clock.advance(SLICE)
+            r.agent.tick()
+    assert [sample(name) for name in names] == [8, 3, pytest.approx(0.5)]
 
 
 def test_its_memory_is_capped_at_the_call_so_the_agent_kills_nothing(paced):

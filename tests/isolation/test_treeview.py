@@ -2,7 +2,6 @@
 
 from gpushare.isolation.backends.port import GIB, GpuDevice
 from gpushare.isolation.memory import MemoryAction, MemoryCapEnforcer
-from gpushare.isolation.metrics import AgentMetrics
 from gpushare.isolation.policy import Policy
 from gpushare.isolation.roster import ContainerRoster
 from gpushare.isolation.settings import SettingsStore
@@ -16,7 +15,7 @@ def test_the_view_shows_grants_promises_usage_and_memory():
     settings = SettingsStore(
         [0], Saved(), default_policy=Policy.WEIGHTED, max_inst=4, prio_ratio=50
     )
-    memory = MemoryCapEnforcer(MemoryAction.REPORT, lambda pid: None, AgentMetrics())
+    memory = MemoryCapEnforcer(MemoryAction.REPORT, lambda pid: None)
     view = TreeView("v1", [device], settings, roster, memory)
     observation = {
         "a": observed("a", process(1, mem_bytes=5 * GIB, sm=25.0), weight=1),

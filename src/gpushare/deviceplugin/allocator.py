@@ -35,7 +35,7 @@ from gpushare.deviceplugin.deadline import ANSWER_WITHIN_S, Deadline
 from gpushare.deviceplugin.devices import preferred_ids
 from gpushare.deviceplugin.interposer import Injection, InterposerMounts
 from gpushare.deviceplugin.journal import Grant, GrantJournal
-from gpushare.deviceplugin.metrics import PluginMetrics
+from gpushare.deviceplugin.metrics import Call, PluginMetrics, Refusal
 from gpushare.deviceplugin.node import LocalNode, NodeSnapshot
 from gpushare.deviceplugin.worker import start_daemon
 from gpushare.environment import CORE_PERCENTAGE, container_env, isolated_at_the_call
@@ -159,7 +159,7 @@ class Allocator:
         if waiting is None:
             if active():
                 self._gave_up = _GaveUp(resource, count, deadline, time.monotonic())
-                self._metrics.timed_out("GetPreferredAllocation", resource)
+                self._metrics.timed_out(Call.GET_PREFERRED_ALLOCATION, resource)
                 log.warning(
                     "GetPreferredAllocation for %d %s on node %s: %s; answering without a "
                     "preference",
@@ -196,7 +196,7 @@ class Allocator:
         something other than the pod watch."""
         started = time.perf_counter()
         if not device_ids:
-            self._metrics.refused(resource, "no-devices")
+            self._metrics.refused(resource, Refusal.NO_DEVICES)
             raise AllocationRefused(f"Allocate for {resource} carried no device IDs")
         snapshot = self._node.snapshot()
         deadline = self._deadline(resource, len(device_ids))
@@ -210,12 +210,12 @@ class Allocator:
                 active,
             )
         except NoMatch as err:
-            self._metrics.refused(resource, "no-match")
-            self._metrics.timed_out("Allocate", resource)  # take() waited until the deadline
+            self._metrics.refused(resource, Refusal.NO_MATCH)
+            self._metrics.timed_out(Call.ALLOCATE, resource)  # take() waited until the deadline
             raise AllocationRefused(f"{err}{self._trouble()}") from None
         except QueueBusy as busy:
-            self._metrics.refused(resource, "timeout")
-            self._metrics.timed_out("Allocate", resource)
+            self._metrics.refused(resource, Refusal.TIMEOUT)
+            self._metrics.timed_out(Call.ALLOCATE, resource)
             raise AnswerTimeout(
                 f"Allocate for {len(device_ids)} {resource} on node {self._queue.node_name} "
                 f"gave up: {busy}"

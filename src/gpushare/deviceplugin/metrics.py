@@ -4,10 +4,13 @@ Every series carries the node's name. Per GPU, the plugin reports what the
 chart's dashboard shows (memory, memory and compute held by the pods placed on
 it, pods, health), computed at scrape time from the node's GPUs and the
 allocation annotations of its pods. Each plugin owns its registry, so tests and
-the demo can run several plugins in one process.
+the demo can run several plugins in one process. Every labelled series exists at 0
+from the start, for every resource, result, reason and call the plugin can report:
+Prometheus's increase() cannot see the first event of a series born at 1.
 """
 
 from collections.abc import Callable, Iterator
+from enum import StrEnum
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -16,9 +19,33 @@ from prometheus_client.registry import Collector
 
 from gpushare.allocation import PodAllocation
 from gpushare.inventory import Gpu
+from gpushare.resources import MANAGED_RESOURCES
+from gpushare.telemetry.series import at_zero
 
 PREFIX: Final = "gpushare_device_plugin"
 _LATENCY_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0)
+
+
+class AllocateResult(StrEnum):
+    OK = "ok"
+    ERROR = "error"
+
+
+class Refusal(StrEnum):
+    """Why an Allocate call was refused."""
+
+    NO_MATCH = "no-match"
+    """No bound pod asks for it: the pod watch never showed one by the deadline."""
+    NO_DEVICES = "no-devices"
+    TIMEOUT = "timeout"
+    """The deadline passed waiting for something other than the pod watch."""
+
+
+class Call(StrEnum):
+    """The kubelet's calls that have a deadline."""
+
+    GET_PREFERRED_ALLOCATION = "GetPreferredAllocation"
+    ALLOCATE = "Allocate"
 
 
 class PluginMetrics:
@@ -69,17 +96,35 @@ class PluginMetrics:
             ["node"],
             registry=self.registry,
         )
+        self._advertised = Gauge(
+            f"{PREFIX}_advertised_devices",
+            "Healthy devices in the latest ListAndWatch answer (0: the node offers nothing)",
+            ["node", "resource"],
+            registry=self.registry,
+        )
+        node_ = [node]
+        at_zero(self._allocate, node_, MANAGED_RESOURCES, AllocateResult)
+        at_zero(self._failures, node_, MANAGED_RESOURCES, Refusal)
+        at_zero(self._timeouts, node_, Call, MANAGED_RESOURCES)
+        at_zero(self._match_latency, node_, MANAGED_RESOURCES)
+        at_zero(self._registered, node_, MANAGED_RESOURCES)
+        at_zero(self._registrations, node_, MANAGED_RESOURCES)
+        at_zero(self._repairs, node_)
+        at_zero(self._advertised, node_, MANAGED_RESOURCES)
 
     def allocated(self, resource: str, match_seconds: float) -> None:
-        self._allocate.labels(self.node, resource, "ok").inc()
+        self._allocate.labels(self.node, resource, AllocateResult.OK).inc()
         self._match_latency.labels(self.node, resource).observe(match_seconds)
 
-    def refused(self, resource: str, reason: str) -> None:
-        self._allocate.labels(self.node, resource, "error").inc()
+    def refused(self, resource: str, reason: Refusal) -> None:
+        self._allocate.labels(self.node, resource, AllocateResult.ERROR).inc()
         self._failures.labels(self.node, resource, reason).inc()
 
-    def timed_out(self, call: str, resource: str) -> None:
+    def timed_out(self, call: Call, resource: str) -> None:
         self._timeouts.labels(self.node, call, resource).inc()
+
+    def advertised(self, resource: str, healthy_devices: int) -> None:
+        self._advertised.labels(self.node, resource).set(healthy_devices)
 
     def registered(self, resource: str, registered: bool) -> None:
         self._registered.labels(self.node, resource).set(1 if registered else 0)

@@ -230,8 +230,9 @@ class DevicePlugin:
 
     def _publish_feeds(self, snapshot: NodeSnapshot) -> None:
         for resource, feed in self.feeds.items():
-            advertised = resource in snapshot.advertised
-            feed.publish(snapshot.catalog.devices(resource) if advertised else [])
+            devices = snapshot.catalog.devices(resource) if resource in snapshot.advertised else []
+            feed.publish(devices)
+            self.metrics.advertised(resource, sum(1 for d in devices if d.healthy))
 
 
 class _OwnNode:

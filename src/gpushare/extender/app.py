@@ -19,7 +19,7 @@ from typing import Any
 from anyio import CapacityLimiter, to_thread
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, Counter
 
 from gpushare.extender import verbs, webhook
 from gpushare.extender.argsreader import ExtenderArgsReader
@@ -35,7 +35,7 @@ from gpushare.extender.limits import (
     PREEMPTION_ARGS_MAX,
     ReadLimits,
 )
-from gpushare.extender.metrics import ExtenderMetrics
+from gpushare.extender.metrics import ExtenderMetrics, Verb, Webhook
 from gpushare.extender.version import VERSION
 from gpushare.extender.wire import (
     AdmissionReview,
@@ -91,12 +91,12 @@ class Extender:
         review = parse(AdmissionReview, body)
         answer = webhook.validate(review, self.scheduler_names, self.cache.policy_names)
         allowed = str(answer["response"]["allowed"]).lower()
-        self.metrics.admission.labels("validate", allowed).inc()
+        self.metrics.admission.labels(Webhook.VALIDATE, allowed).inc()
         return dumps(answer)
 
     def mutate(self, body: bytes) -> bytes:
         answer = webhook.mutate(parse(AdmissionReview, body), self.scheduler_names[0])
-        self.metrics.admission.labels("mutate", "true").inc()
+        self.metrics.admission.labels(Webhook.MUTATE, "true").inc()
         return dumps(answer)
 
 
@@ -126,9 +126,15 @@ def extender_app(
 
 def webhook_app(extender: Extender, limits: ReadLimits = DEFAULT_READ_LIMITS) -> FastAPI:
     router = APIRouter()
-    for verb, handler in (("validate", extender.validate), ("mutate", extender.mutate)):
+    for verb, handler in ((Webhook.VALIDATE, extender.validate), (Webhook.MUTATE, extender.mutate)):
         endpoint = _endpoint(
-            verb, handler, extender.metrics, ADMISSION_REVIEW_MAX, limits, _for_api_server
+            verb,
+            handler,
+            extender.metrics,
+            ADMISSION_REVIEW_MAX,
+            limits,
+            _for_api_server,
+            errors=extender.metrics.admission_errors.labels(verb),
         )
         router.add_api_route(f"/{verb}", endpoint, methods=["POST"])
 
@@ -150,10 +156,10 @@ def _verbs(extender: Extender, url_prefix: str, limits: ReadLimits) -> APIRouter
     router = APIRouter()
     prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
     verbs_ = {
-        "filter": (extender.filter, EXTENDER_ARGS_MAX),
-        "prioritize": (extender.prioritize, EXTENDER_ARGS_MAX),
-        "bind": (extender.bind, BINDING_ARGS_MAX),
-        "preempt": (extender.preempt, PREEMPTION_ARGS_MAX),
+        Verb.FILTER: (extender.filter, EXTENDER_ARGS_MAX),
+        Verb.PRIORITIZE: (extender.prioritize, EXTENDER_ARGS_MAX),
+        Verb.BIND: (extender.bind, BINDING_ARGS_MAX),
+        Verb.PREEMPT: (extender.preempt, PREEMPTION_ARGS_MAX),
     }
     for verb, (handler, limit) in verbs_.items():
         router.add_api_route(
@@ -165,8 +171,8 @@ def _verbs(extender: Extender, url_prefix: str, limits: ReadLimits) -> APIRouter
                 limit,
                 limits,
                 _for_scheduler,
-                inline=verb != "bind",
-                at_once=BINDS_AT_ONCE if verb == "bind" else None,
+                inline=verb is not Verb.BIND,
+                at_once=BINDS_AT_ONCE if verb is Verb.BIND else None,
             ),
             methods=["POST"],
             name=verb,
@@ -242,6 +248,7 @@ def _endpoint(
     refusal: Callable[[str, int, str], Response],
     inline: bool = False,
     at_once: int | None = None,
+    errors: Counter | None = None,
 ) -> Callable[[Request], Any]:
     """An endpoint that reads at most `limit` bytes of JSON in time, times the handler,
     and turns a bad body into a 4xx naming the field or the limit, written by
@@ -250,7 +257,9 @@ def _endpoint(
     `inline` handlers run on the event loop: filter, prioritize and preempt only
     compute (a few milliseconds at most), so a hop to the thread pool would cost
     more than it saves. Bind waits on the API server and runs in the pool, at most
-    `at_once` calls at a time when given.
+    `at_once` calls at a time when given. `errors`, when given, counts the requests
+    answered with an error status instead of an answer (a refused body, a handler that
+    failed).
     """
     latency = metrics.latency.labels(verb)
     limiter: CapacityLimiter | None = None  # None: anyio's default thread pool
@@ -261,6 +270,7 @@ def _endpoint(
             body = await read_json_body(request, limit, limits.body_deadline)
         except BodyRefused as refused:
             log.info("%s: refused: %s", verb, refused.message)
+            _count(errors)
             return refusal(verb, refused.status, refused.message)
         started = time.perf_counter()
         try:
@@ -272,10 +282,19 @@ def _endpoint(
                 answer = await to_thread.run_sync(handler, body, limiter=limiter)
         except WireError as err:
             log.info("%s: bad request: %s", verb, err)
+            _count(errors)
             return refusal(verb, 400, str(err))
+        except Exception:
+            _count(errors)  # answered 500 by the framework
+            raise
         finally:
             latency.observe(time.perf_counter() - started)
         return Response(answer, media_type=JSON)
 
     endpoint.__name__ = f"{verb}_endpoint"
     return endpoint
+
+
+def _count(errors: Counter | None) -> None:
+    if errors is not None:
+        errors.inc()

@@ -29,7 +29,7 @@ from gpushare.cluster import (
 )
 from gpushare.errors import PodRefused, Refusal
 from gpushare.extender.cache import SchedulerCache
-from gpushare.extender.metrics import ExtenderMetrics
+from gpushare.extender.metrics import BindResult, ExtenderMetrics
 from gpushare.extender.wire import BindingArgs, for_scheduler
 from gpushare.objects import Pod
 
@@ -66,7 +66,7 @@ class Binder:
         try:
             self._bind(args)
         except BindRefused as refused:
-            self._metrics.binds.labels("refused").inc()
+            self._metrics.binds.labels(BindResult.REFUSED).inc()
             log.info(
                 "bind %s/%s to %s refused: %s",
                 args.pod_namespace,
@@ -75,11 +75,11 @@ class Binder:
                 refused,
             )
             return for_scheduler(str(refused))
-        self._metrics.binds.labels("bound").inc()
+        self._metrics.binds.labels(BindResult.BOUND).inc()
         return ""
 
     def _bind(self, args: BindingArgs) -> None:
-        self._cache.expire()
+        self._metrics.assumptions_expired.inc(len(self._cache.expire()))
         pod = self._read(args.pod_namespace, args.pod_name)
         if args.pod_uid and pod.metadata.uid != args.pod_uid:
             raise BindRefused(

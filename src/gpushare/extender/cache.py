@@ -48,7 +48,7 @@ from gpushare.placement.fit import PlacementPolicy, evaluate, extender_score, to
 from gpushare.placement.policies import POLICIES, PolicyFactory, build
 from gpushare.placement.preemption import choose_victims
 from gpushare.request import PodRequest, requests_gpu
-from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU
+from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU, MANAGED_RESOURCES, parse_quantity
 from gpushare.state import ClusterState, Snapshot
 
 log = logging.getLogger(__name__)
@@ -362,6 +362,13 @@ class SchedulerCache:
                 problems=len(self._node_problems) + len(self._pod_problems),
             )
 
+    def allocatable(self) -> dict[str, dict[str, int]]:
+        """Per node with GPUs (or an unreadable inventory), the allocatable of each of our
+        resources its Node status shows: what the kubelet took from the device plugin."""
+        with self._lock:
+            names = sorted(set(self._state.nodes) | set(self._node_problems))
+            return {name: _our_allocatable(self._nodes.get(name)) for name in names}
+
     def pod(self, pod_key: str) -> PodRecord | None:
         """What the watch showed of the pod last (None: not seen, or gone)."""
         with self._lock:
@@ -574,6 +581,14 @@ class SchedulerCache:
         if isinstance(result, Refusal):
             return NodeFit(None, result, 0)
         return NodeFit(result, None, extender_score(result.score))
+
+
+def _our_allocatable(node: Node | None) -> dict[str, int]:
+    quantities = node.status.allocatable if node is not None else {}
+    return {
+        resource: parse_quantity(quantities.get(resource, "0")) or 0
+        for resource in MANAGED_RESOURCES
+    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,19 +1,57 @@
 """Prometheus metrics of the extender: request latency per verb, binds and their
-conflicts, filter rejections by rule, requeue nudges, and what is allocated on each GPU.
+conflicts, filter rejections by rule, requeue nudges, admission reviews and their
+errors, and what is allocated on each GPU.
 
 Each extender has its own registry, so several can live in one process (tests,
-the demo); the per-GPU gauges are read from the cache at scrape time.
+the demo); the per-GPU and per-node gauges are read from the cache at scrape time.
+Every labelled series exists at 0 from the start, for every label value the code can
+emit: Prometheus's increase() cannot see the first event of a series born at 1.
 """
 
 from collections.abc import Iterator
+from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpushare.errors import Rule
 from gpushare.extender.cache import SchedulerCache
+from gpushare.resources import MANAGED_RESOURCES
+from gpushare.telemetry.series import at_zero
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+class Verb(StrEnum):
+    """The scheduler-extender verbs kube-scheduler calls (served on loopback)."""
+
+    FILTER = "filter"
+    PRIORITIZE = "prioritize"
+    BIND = "bind"
+    PREEMPT = "preempt"
+
+
+class Webhook(StrEnum):
+    """The admission webhooks the API server calls."""
+
+    VALIDATE = "validate"
+    MUTATE = "mutate"
+
+
+class BindResult(StrEnum):
+    BOUND = "bound"
+    REFUSED = "refused"
+
+
+class RequeueResult(StrEnum):
+    REQUEUED = "requeued"
+    GONE = "gone"
+    FAILED = "failed"
+
+
+ALLOWED = ("true", "false")
+"""An AdmissionReview's answer, as the `allowed` label writes it."""
 
 
 class ExtenderMetrics:
@@ -26,15 +64,22 @@ class ExtenderMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        at_zero(self.latency, [*Verb, *Webhook])
         self.binds = Counter(
             "gpushare_extender_binds",
             "Bind requests by result (bound, refused)",
             ["result"],
             registry=self.registry,
         )
+        at_zero(self.binds, BindResult)
         self.bind_conflicts = Counter(
             "gpushare_extender_bind_conflicts",
             "Binds the API server answered with 409 Conflict (already bound, UID changed)",
+            registry=self.registry,
+        )
+        self.assumptions_expired = Counter(
+            "gpushare_extender_assumptions_expired",
+            "Reservations (assumed binds) dropped because the watch never showed them",
             registry=self.registry,
         )
         self.filter_rejections = Counter(
@@ -43,6 +88,7 @@ class ExtenderMetrics:
             ["rule"],
             registry=self.registry,
         )
+        at_zero(self.filter_rejections, Rule)
         self.requeues = Counter(
             "gpushare_extender_requeues",
             "Pods refused on every node, patched so that kube-scheduler retries them after "
@@ -50,12 +96,22 @@ class ExtenderMetrics:
             ["result"],
             registry=self.registry,
         )
+        at_zero(self.requeues, RequeueResult)
         self.admission = Counter(
             "gpushare_admission_reviews",
             "Admission reviews answered, by webhook and outcome",
             ["webhook", "allowed"],
             registry=self.registry,
         )
+        at_zero(self.admission, Webhook, ALLOWED)
+        self.admission_errors = Counter(
+            "gpushare_admission_errors",
+            "Admission reviews answered with an error status (malformed, oversized, internal) "
+            "instead of allow or deny, by webhook",
+            ["webhook"],
+            registry=self.registry,
+        )
+        at_zero(self.admission_errors, Webhook)
         self.registry.register(_GpuCollector(cache))
 
     def exposition(self) -> bytes:
@@ -95,6 +151,15 @@ class _GpuCollector(Collector):
             "gpushare_extender_refused_pods",
             "Pods whose last filter refused every candidate node (requeued when room appears)",
         )
+        allocatable = GaugeMetricFamily(
+            "gpushare_scheduler_node_gpu_allocatable",
+            "The node's allocatable of each gpushare resource, as its Node status says "
+            "(what the kubelet got from the device plugin; 0 while it advertises none)",
+            labels=["node", "resource"],
+        )
+        for name, quantities in self._cache.allocatable().items():
+            for resource in MANAGED_RESOURCES:
+                allocatable.add_metric([name, resource], quantities.get(resource, 0))
         for node in self._cache.nodes_details():
             for gpu in node.gpus:
                 values = [node.name, str(gpu.index), gpu.uuid]
@@ -105,4 +170,4 @@ class _GpuCollector(Collector):
         counts = self._cache.counts()
         assumed.add_metric([], counts.assumed)
         refused.add_metric([], counts.refused)
-        yield from (mem, mem_total, core, pods, assumed, refused)
+        yield from (mem, mem_total, core, pods, assumed, refused, allocatable)

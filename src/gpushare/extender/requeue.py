@@ -28,7 +28,7 @@ from typing import Final
 from gpushare.cluster import Cluster, ClusterError, NotFound
 from gpushare.extender.background import BackgroundWorker
 from gpushare.extender.cache import SchedulerCache
-from gpushare.extender.metrics import ExtenderMetrics
+from gpushare.extender.metrics import ExtenderMetrics, RequeueResult
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +80,13 @@ class Requeuer(BackgroundWorker):
                 )
             except NotFound:
                 self._cache.forget_refused(key, uid)
-                self._metrics.requeues.labels("gone").inc()
+                self._metrics.requeues.labels(RequeueResult.GONE).inc()
                 continue
             except ClusterError as err:
-                self._metrics.requeues.labels("failed").inc()
+                self._metrics.requeues.labels(RequeueResult.FAILED).inc()
                 log.warning("could not requeue pod %s: %s", key, err)
                 continue
-            self._metrics.requeues.labels("requeued").inc()
+            self._metrics.requeues.labels(RequeueResult.REQUEUED).inc()
             requeued += 1
         if requeued and self._cache.take_listed_waiting():
             log.info(

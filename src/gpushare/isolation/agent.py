@@ -89,7 +89,8 @@ class IsolationAgent:
             max_inst=config.max_inst,
             prio_ratio=config.prio_ratio,
         )
-        self._memory = MemoryCapEnforcer(config.memory_action, backend.kill, self.metrics)
+        self._memory = MemoryCapEnforcer(config.memory_action, backend.kill)
+        self.metrics.configure(gpus, config.slice_s, config.memory_action)
         self._slicer = NodeSlicer(gpus, config.slice_s, clock.now)
         self._pacer = (
             RegionPacer(config.interposer_dir, config.slice_s) if config.interposer_dir else None
@@ -120,6 +121,8 @@ class IsolationAgent:
                 self._tick_or_thaw()
                 due += self.config.slice_s
                 delay = due - self._clock.now()
+                if delay < -self.config.slice_s:
+                    self.metrics.late_tick()  # the next tick starts over a slice late
                 if delay < 0:
                     due = self._clock.now()
                 self._clock.sleep(max(0.0, delay))
@@ -134,6 +137,7 @@ class IsolationAgent:
         try:
             self.tick()
         except Exception as err:
+            self.metrics.seen(self._gpus, healthy=False)
             if str(err) != self._failing:
                 log.exception("tick failed; every container runs freely until a tick works")
             self._failing = str(err)
@@ -145,6 +149,7 @@ class IsolationAgent:
                 log.debug("thawing after a failed tick failed too", exc_info=True)
             self._frozen = frozenset()
         else:
+            self.metrics.seen(self._gpus, healthy=True)
             if self._failing:
                 log.info("ticks work again; isolation enforced")
             self._failing = ""
@@ -170,7 +175,7 @@ class IsolationAgent:
                 if not self._settings.apply(write):
                     self.metrics.refused_writes.labels(self.metrics.node, write.name).inc()
             interposed = self._pacer.interposed(observed) if self._pacer else frozenset()
-            self._interposed = interposed
+            was_interposed, self._interposed = self._interposed, interposed
             self._memory.enforce({k: c for k, c in observed.items() if k not in interposed})
             held = self._slicer.held(
                 {
@@ -183,11 +188,11 @@ class IsolationAgent:
             # Held either way: the roster reads a held container's quiet as no demand.
             frozen = slicer.frozen(held)
             self._backend.hold(frozen - interposed)
-            self._count_throttled(elapsed)
+            self.metrics.held_off(self._frozen, was_interposed, elapsed)
             self._frozen = frozen
             content = self.content()
             self._tree.publish(content)
-            self.metrics.publish(content)
+            self.metrics.publish(content, self._pacer.usage(observed) if self._pacer else {})
 
     def content(self) -> TreeContent:
         """What the control tree shows now."""
@@ -195,9 +200,3 @@ class IsolationAgent:
 
     def settings(self, gpu: int) -> GpuSettings:
         return self._settings.settings(gpu)
-
-    def _count_throttled(self, elapsed: float) -> None:
-        for key in self._frozen:
-            known = self._roster.known(key)
-            if known is not None:
-                self.metrics.throttled.labels(self.metrics.node, key, known.seen.pod).inc(elapsed)

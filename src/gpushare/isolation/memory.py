@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping
 from enum import StrEnum
 
 from gpushare.isolation.backends.port import GIB
-from gpushare.isolation.metrics import AgentMetrics
 from gpushare.isolation.workload import ObservedContainer
 
 log = logging.getLogger(__name__)
@@ -24,17 +23,15 @@ class MemoryAction(StrEnum):
 
 
 class MemoryCapEnforcer:
-    def __init__(
-        self, action: MemoryAction, kill: Callable[[int], None], metrics: AgentMetrics
-    ) -> None:
+    def __init__(self, action: MemoryAction, kill: Callable[[int], None]) -> None:
         self._action = action
         self._kill = kill
-        self._metrics = metrics
         self._over_cap: set[tuple[str, int]] = set()
         self._violations: dict[tuple[str, int], int] = {}
 
     def violations(self, key: str, gpu: int) -> int:
-        """Episodes over the cap of a container on one GPU since it was first seen."""
+        """Episodes over the cap of a container on one GPU since it was first seen (the tree
+        shows them, the metrics count them on)."""
         return self._violations.get((key, gpu), 0)
 
     def enforce(self, observed: Mapping[str, ObservedContainer]) -> None:
@@ -59,9 +56,6 @@ class MemoryCapEnforcer:
     ) -> None:
         offender = max(container.on(index), key=lambda p: p.mem_bytes)
         if new:
-            self._metrics.violations.labels(
-                self._metrics.node, str(index), container.key, container.pod, self._action.value
-            ).inc()
             episode = (container.key, index)
             self._violations[episode] = self._violations.get(episode, 0) + 1
         kill = self._action is MemoryAction.KILL

@@ -1,10 +1,43 @@
-"""Prometheus metrics of the isolation agent, on their own registry (served on --metrics-port)."""
+"""Prometheus metrics of the isolation agent, on their own registry (served on --metrics-port).
+
+Per container and GPU: memory used against its cap, compute used against its share, the
+time it was held back, and what the CUDA interposer counted in its region (launches held
+at the gate, allocations refused at the cap). Per GPU: utilisation, memory, policy and
+whether the agent can see it. A container's series carry `namespace`, `pod` and
+`container` as Kubernetes names them, so they join with kube-state-metrics, and its
+`container_id`. Its series are created at 0 when the agent first publishes it and removed
+when it is forgotten; the node's and each GPU's exist from the start.
+"""
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpushare.isolation.treecodec import TreeContent
+from gpushare.isolation.interposer.region import GpuUsage
+from gpushare.isolation.memory import MemoryAction
+from gpushare.isolation.treecodec import FILE_NAMES, ContainerEntry, TreeContent
+from gpushare.telemetry.series import at_zero
 
-_CONTAINER = ["node", "gpu", "container", "pod"]
+CONTAINER_LABELS: Final = ("node", "gpu", "namespace", "pod", "container", "container_id")
+GPU_LABELS: Final = ("node", "gpu")
+
+
+def container_labels(node: str, gpu: int, entry: ContainerEntry) -> tuple[str, ...]:
+    """A container's labels on one GPU. Its pod is `namespace/name` in the tree; a pod the
+    agent could not name (`uid:...`, `-`) keeps that text as `pod`, with no namespace."""
+    namespace, _, name = entry.pod.rpartition("/")
+    return (node, str(gpu), namespace, name, entry.name, entry.id)
+
+
+@dataclass(slots=True)
+class _ContainerSeries:
+    """The children of one container on one GPU, and the cumulative counts last seen."""
+
+    gauges: tuple[Gauge, ...]
+    counters: tuple[Counter, ...]
+    seen: dict[str, float] = field(default_factory=dict)
 
 
 class AgentMetrics:
@@ -15,28 +48,29 @@ class AgentMetrics:
         self.node = node
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        per_container = list(CONTAINER_LABELS)
         self.memory_used = Gauge(
             "gpushare_isolation_memory_used_bytes",
             "GPU memory a container's processes hold on one GPU",
-            _CONTAINER,
+            per_container,
             registry=r,
         )
         self.memory_cap = Gauge(
             "gpushare_isolation_memory_cap_bytes",
             "GPU memory a container may hold on one GPU (0: not capped)",
-            _CONTAINER,
+            per_container,
             registry=r,
         )
         self.utilisation = Gauge(
             "gpushare_isolation_utilization_percent",
             "Share of one GPU's compute a container used over the recent window",
-            _CONTAINER,
+            per_container,
             registry=r,
         )
         self.compute_limit = Gauge(
             "gpushare_isolation_compute_limit_percent",
             "Share of one GPU's compute the policy promises a container while it has work",
-            _CONTAINER,
+            per_container,
             registry=r,
         )
         self.interposer = Gauge(
@@ -44,25 +78,69 @@ class AgentMetrics:
             "1 when a container runs under the CUDA interposer (memory refused at the call, "
             "launches paced), 0 when the agent enforces after the fact (freezing, over-cap "
             "action)",
-            _CONTAINER,
+            per_container,
             registry=r,
         )
         self.throttled = Counter(
             "gpushare_isolation_throttled_seconds",
-            "Time a container spent frozen by the time-slice scheduler",
-            ["node", "container", "pod"],
+            "Time the scheduler held a container off the GPU (frozen, or its gate closed)",
+            per_container,
+            registry=r,
+        )
+        self.held = Counter(
+            "gpushare_isolation_held_seconds",
+            "Time a container's work was held back: its launches waiting at the interposer's "
+            "closed gate (summed over its threads), or the container frozen",
+            per_container,
+            registry=r,
+        )
+        self.launches_held = Counter(
+            "gpushare_isolation_launches_held",
+            "Kernel launches the CUDA interposer held at the container's closed gate",
+            per_container,
+            registry=r,
+        )
+        self.allocations_refused = Counter(
+            "gpushare_isolation_allocations_refused",
+            "Allocations the CUDA interposer refused at the container's memory cap",
+            per_container,
             registry=r,
         )
         self.violations = Counter(
             "gpushare_isolation_memory_cap_violations",
-            "Times a container went over its GPU memory cap",
-            [*_CONTAINER, "action"],
+            "Times a container went over its GPU memory cap, by the action taken",
+            [*per_container, "action"],
             registry=r,
         )
         self.policy = Gauge(
             "gpushare_isolation_gpu_policy",
             "The cGPU scheduling policy of each GPU (0 fair-share .. 5 native)",
-            ["node", "gpu"],
+            list(GPU_LABELS),
+            registry=r,
+        )
+        self.gpu_utilisation = Gauge(
+            "gpushare_isolation_gpu_utilization_percent",
+            "Share of the GPU's compute its containers used over the recent window",
+            list(GPU_LABELS),
+            registry=r,
+        )
+        self.gpu_memory_used = Gauge(
+            "gpushare_isolation_gpu_memory_used_bytes",
+            "GPU memory the processes on the GPU hold",
+            list(GPU_LABELS),
+            registry=r,
+        )
+        self.gpu_memory_total = Gauge(
+            "gpushare_isolation_gpu_memory_total_bytes",
+            "The GPU's memory",
+            list(GPU_LABELS),
+            registry=r,
+        )
+        self.gpu_healthy = Gauge(
+            "gpushare_isolation_gpu_healthy",
+            "1 while the agent's latest tick observed the GPU, 0 when it failed (it cannot "
+            "see, so everything runs freely)",
+            list(GPU_LABELS),
             registry=r,
         )
         self.refused_writes = Counter(
@@ -71,38 +149,140 @@ class AgentMetrics:
             ["node", "file"],
             registry=r,
         )
+        self.late_ticks = Counter(
+            "gpushare_isolation_late_ticks",
+            "Scheduling ticks that started more than one slice after they were due",
+            ["node"],
+            registry=r,
+        )
+        self.slice_seconds = Gauge(
+            "gpushare_isolation_slice_seconds",
+            "The configured scheduling slice (--slice-ms)",
+            ["node"],
+            registry=r,
+        )
         self.tick_seconds = Histogram(
             "gpushare_isolation_tick_seconds",
             "Time one scheduling tick took (observe, enforce, decide, apply, publish)",
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25),
             registry=r,
         )
-        self._series: dict[tuple[str, str, str, str], tuple[Gauge, ...]] = {}
-
-    def publish(self, content: TreeContent) -> None:
-        """Set the gauges from what the control tree shows, dropping gone containers."""
-        gauges = (
+        at_zero(self.refused_writes, [node], FILE_NAMES)
+        at_zero(self.late_ticks, [node])
+        at_zero(self.slice_seconds, [node])
+        self._gauges = (
             self.memory_used,
             self.memory_cap,
             self.utilisation,
             self.compute_limit,
             self.interposer,
         )
-        present: set[tuple[str, str, str, str]] = set()
+        self._counters = (
+            self.throttled,
+            self.held,
+            self.launches_held,
+            self.allocations_refused,
+        )
+        self._series: dict[tuple[str, int], _ContainerSeries] = {}
+        self._labels: dict[tuple[str, int], tuple[str, ...]] = {}
+        self._action = MemoryAction.KILL
+
+    def configure(self, gpus: Sequence[int], slice_s: float, action: MemoryAction) -> None:
+        """What the agent runs with: its GPUs' series exist from now on."""
+        self.slice_seconds.labels(self.node).set(slice_s)
+        self._action = action
+        for gpu in gpus:
+            labels = (self.node, str(gpu))
+            for gauge in (self.policy, self.gpu_utilisation, self.gpu_memory_used):
+                gauge.labels(*labels)
+            self.gpu_memory_total.labels(*labels)
+            self.gpu_healthy.labels(*labels).set(1)
+
+    def seen(self, gpus: Iterable[int], healthy: bool) -> None:
+        """Whether the latest tick could observe these GPUs."""
+        for gpu in gpus:
+            self.gpu_healthy.labels(self.node, str(gpu)).set(1 if healthy else 0)
+
+    def late_tick(self) -> None:
+        self.late_ticks.labels(self.node).inc()
+
+    def held_off(
+        self, frozen: Collection[str], interposed: Collection[str], elapsed: float
+    ) -> None:
+        """The containers held last slice (`elapsed` long), on each GPU they use; the time
+        the interposer's gate held launches comes from its region instead (publish)."""
+        for (key, _), series in self._series.items():
+            if key in frozen:
+                throttled, held, _, _ = series.counters
+                throttled.inc(elapsed)
+                if key not in interposed:
+                    held.inc(elapsed)
+
+    def publish(
+        self, content: TreeContent, interposer: Mapping[tuple[str, int], GpuUsage] | None = None
+    ) -> None:
+        """Set the gauges from what the control tree shows and move the counters on by what
+        the interposer's regions count (by container and GPU); gone containers are dropped."""
+        interposer = interposer or {}
+        present: set[tuple[str, int]] = set()
         for gpu in content.gpus:
-            self.policy.labels(self.node, str(gpu.index)).set(int(gpu.policy))
+            gpu_labels = (self.node, str(gpu.index))
+            self.policy.labels(*gpu_labels).set(int(gpu.policy))
+            self.gpu_utilisation.labels(*gpu_labels).set(gpu.util or 0.0)
+            self.gpu_memory_total.labels(*gpu_labels).set(gpu.mem_bytes)
+            self.gpu_memory_used.labels(*gpu_labels).set(sum(c.mem_used for c in gpu.containers))
             for c in gpu.containers:
-                labels = (self.node, str(gpu.index), c.id, c.pod)
-                present.add(labels)
-                if labels not in self._series:
-                    self._series[labels] = tuple(g.labels(*labels) for g in gauges)
-                used, cap, util, limit, interposer = self._series[labels]
+                at = (c.id, gpu.index)
+                present.add(at)
+                series = self._series.get(at) or self._add(
+                    at, container_labels(self.node, gpu.index, c)
+                )
+                used, cap, util, limit, under = series.gauges
                 used.set(c.mem_used)
                 cap.set(c.memsize)
                 util.set(c.util or 0.0)
                 limit.set(100.0 if c.limit is None else c.limit)
-                interposer.set(1 if c.interposer else 0)
-        for labels in set(self._series) - present:
-            for gauge in gauges:
-                gauge.remove(*labels)
-            del self._series[labels]
+                under.set(1 if c.interposer else 0)
+                self._advance(series, "violations", c.violations, self._violations(at))
+                usage = interposer.get(at)
+                if usage is not None:
+                    _, held, launches, refused = series.counters
+                    self._advance(series, "held_ns", usage.held_ns, held, scale=1e-9)
+                    self._advance(series, "launches_held", usage.launches_held, launches)
+                    self._advance(series, "refused", usage.allocations_refused, refused)
+        for at in set(self._series) - present:
+            self._remove(at)
+
+    def _add(self, at: tuple[str, int], labels: tuple[str, ...]) -> _ContainerSeries:
+        series = _ContainerSeries(
+            tuple(g.labels(*labels) for g in self._gauges),
+            tuple(c.labels(*labels) for c in self._counters),
+        )
+        for action in MemoryAction:
+            self.violations.labels(*labels, action)
+        self._series[at] = series
+        self._labels[at] = labels
+        return series
+
+    def _violations(self, at: tuple[str, int]) -> Counter:
+        return self.violations.labels(*self._labels[at], self._action)
+
+    def _remove(self, at: tuple[str, int]) -> None:
+        labels = self._labels.pop(at)
+        del self._series[at]
+        for metric in (*self._gauges, *self._counters):
+            metric.remove(*labels)
+        for action in MemoryAction:
+            self.violations.remove(*labels, action)
+
+    @staticmethod
+    def _advance(
+        series: _ContainerSeries, name: str, total: float, counter: Counter, scale: float = 1.0
+    ) -> None:
+        """Moves `counter` on by what a cumulative count grew since last seen; a count that
+        went down started again (a region made anew), so all of it is new."""
+        last = series.seen.get(name, 0.0)
+        grown = total - last if total >= last else total
+        if grown > 0:
+            counter.inc(grown * scale)
+        series.seen[name] = total

@@ -8,7 +8,9 @@ has a process attached. For those the agent writes, each slice, each GPU's gate 
 when that GPU's scheduler lets the container run) and share target; a closed gate is
 written to hold for a few slices only, so launches flow again if the agent stops. Their
 memory is capped at the call, so the agent does not kill for it either. Everything else
-keeps the after-the-fact enforcement: freezing and the over-cap action.
+keeps the after-the-fact enforcement: freezing and the over-cap action. What the library
+counts in a region (launches held, the time they waited, allocations refused) the agent
+reads back for its metrics.
 """
 
 import logging
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Final
 
 from gpushare.environment import REGION_FILE
-from gpushare.isolation.interposer.region import Region, RegionError
+from gpushare.isolation.interposer.region import GpuUsage, Region, RegionError
 from gpushare.isolation.workload import ObservedContainer
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,20 @@ class RegionPacer:
             for position, index in enumerate(container.limits.gpu_indices[: region.gpu_count]):
                 region.set_gate(position, open=key not in held.get(index, ()), for_s=self._hold_s)
                 region.set_share(position, container.core_percent(index))
+
+    def usage(self, observed: Mapping[str, ObservedContainer]) -> dict[tuple[str, int], GpuUsage]:
+        """What the regions of the observed containers count, by (container, GPU index):
+        those with a region at all, whether a process is attached now or not."""
+        found = {}
+        for key, region in self._open.items():
+            container = observed.get(key)
+            if container is None:
+                continue
+            indices = container.limits.gpu_indices
+            for gpu in region.gpus():
+                if gpu.index < len(indices):
+                    found[(key, indices[gpu.index])] = gpu
+        return found
 
     def release(self) -> None:
         """Opens every gate: the agent stops, or cannot see what it enforces."""

@@ -290,3 +290,15 @@ def _line(value: object) -> str:
 
 def _prefixed(directory: str, files: Mapping[str, str]) -> dict[str, str]:
     return {f"{directory}/{name}": text for name, text in files.items()}
+
+
+def _file_names() -> frozenset[str]:
+    """The name of every file the tree holds (the last part of its path), from the encoder
+    itself: a tree of one GPU with one container shows each kind of file once."""
+    container = ContainerEntry("c", "ns/pod", "name", 0, (), 0, False, None, None, 0)
+    gpu = GpuEntry(0, "", "", 0, Policy(0), 0, 0, 0, 0, None, (container,))
+    return frozenset(path.rsplit("/", 1)[-1] for path in encode(TreeContent("", 0, (gpu,))))
+
+
+FILE_NAMES: Final = _file_names()
+"""What the file of a control write can be called."""

@@ -55,6 +55,9 @@ def test_an_allocation_over_the_cap_is_refused_before_the_driver_and_its_free_re
     assert results(lines, "calls")[0]["count"] == "1"
     assert results(lines, "free")[0]["rc"] == "0"
     assert results(lines, "reached")[1]["bytes"] == "0"
+    assert container.region is not None
+    with Region.open(container.region) as region:  # the agent's count of refusals
+        assert region.gpus()[0].allocations_refused == 1
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -246,6 +246,8 @@ int gs_reserve(int gpu, uint64_t bytes) {
     if (fits) {
         g->used_bytes += bytes;
         gs_region->slots[my_slot].used[gpu] += bytes;
+    } else {
+        g->allocations_refused++;
     }
     gs_region->heartbeat_ns = gs_now_ns();
     unlock_region();
@@ -284,6 +286,7 @@ static const struct gs_layout_field layout[] = {
     FIELD(gs_gpu, uuid), FIELD(gs_gpu, cap_bytes), FIELD(gs_gpu, used_bytes),
     FIELD(gs_gpu, gate), FIELD(gs_gpu, share_percent), FIELD(gs_gpu, launches),
     FIELD(gs_gpu, launches_held), FIELD(gs_gpu, held_ns), FIELD(gs_gpu, last_launch_ns), FIELD(gs_gpu, gate_until_ns),
+    FIELD(gs_gpu, allocations_refused),
     {"gs_slot", 0, sizeof(struct gs_slot)},
     FIELD(gs_slot, pid), FIELD(gs_slot, reserved), FIELD(gs_slot, attached_ns),
     FIELD(gs_slot, used),

@@ -10,7 +10,8 @@
  * the byte unlocked, and gives its bytes back.
  *
  * Compute: the agent writes each GPU's gate (1 open, 0 hold) and share target; the
- * library counts launches, held launches and the time they were held.
+ * library counts launches, held launches and the time they were held, and the
+ * allocations it refused at the cap. The agent turns those counts into metrics.
  */
 #ifndef GPUSHARE_REGION_H
 #define GPUSHARE_REGION_H
@@ -20,7 +21,7 @@
 #include <stdint.h>
 
 #define GS_REGION_MAGIC 0x31524853555047ULL /* "GPUSHR1" little-endian */
-#define GS_LAYOUT_VERSION 1u
+#define GS_LAYOUT_VERSION 2u /* 2: gs_gpu.allocations_refused */
 #define GS_MAX_GPUS 16
 #define GS_MAX_SLOTS 1024
 #define GS_UUID_BYTES 64
@@ -37,6 +38,7 @@ struct gs_gpu {
     uint64_t last_launch_ns;  /* library: CLOCK_MONOTONIC of the latest launch */
     uint64_t gate_until_ns;   /* agent: a closed gate holds until then (CLOCK_MONOTONIC), so
                                  launches flow again when the agent stops writing it */
+    uint64_t allocations_refused; /* library: allocations refused at the cap (under the lock) */
 } __attribute__((aligned(64)));
 
 struct gs_slot {

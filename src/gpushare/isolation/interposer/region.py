@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import Final, Self
 
 MAGIC: Final = 0x31524853555047
-LAYOUT_VERSION: Final = 1
+LAYOUT_VERSION: Final = 2
 MAX_GPUS: Final = 16
 MAX_SLOTS: Final = 1024
 UUID_BYTES: Final = 64
@@ -46,6 +46,8 @@ class GpuRecord(ctypes.Structure):
         ("held_ns", ctypes.c_uint64),
         ("last_launch_ns", ctypes.c_uint64),
         ("gate_until_ns", ctypes.c_uint64),
+        ("allocations_refused", ctypes.c_uint64),
+        ("_align", ctypes.c_uint8 * 56),
     ]
 
 
@@ -98,6 +100,8 @@ class GpuUsage:
     held_ns: int
     last_launch_ns: int
     """CLOCK_MONOTONIC (time.monotonic_ns()) of the latest launch; 0: none yet."""
+    allocations_refused: int
+    """Allocations refused at the cap."""
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,7 @@ class Region:
                 launches_held=g.launches_held,
                 held_ns=g.held_ns,
                 last_launch_ns=g.last_launch_ns,
+                allocations_refused=g.allocations_refused,
             )
             for i, g in enumerate(record.gpus[: record.gpu_count])
         ]

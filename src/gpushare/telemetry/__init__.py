@@ -1,0 +1,1 @@
+"""What the components' Prometheus metrics share."""

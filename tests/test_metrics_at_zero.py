@@ -1,0 +1,139 @@
+"""Every labelled series of every component exists before its first event, at 0, for
+every label value the code can emit.
+
+Prometheus's increase() starts from a series' first sample, so a counter born at 1 by
+its first event shows no increase: a first refusal, a first webhook error, a first
+rejection by a rule would go unseen. The test walks every labelled metric of each
+component's registry (the extender's, the device plugin's, the isolation agent's with
+one container published) and asks for the series of every combination of its label
+values, where each label's values come from the enum or tuple the code emits them from.
+A new labelled metric fails here until its series are created at construction and its
+labels' sources are named below.
+"""
+
+import itertools
+from collections.abc import Iterable, Mapping
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics import MetricWrapperBase
+
+from gpushare.deviceplugin.metrics import AllocateResult, Call, PluginMetrics, Refusal
+from gpushare.errors import Rule
+from gpushare.extender.cache import SchedulerCache
+from gpushare.extender.metrics import (
+    ALLOWED,
+    BindResult,
+    ExtenderMetrics,
+    RequeueResult,
+    Verb,
+    Webhook,
+)
+from gpushare.isolation.memory import MemoryAction
+from gpushare.isolation.metrics import AgentMetrics
+from gpushare.isolation.policy import Policy
+from gpushare.isolation.treecodec import FILE_NAMES, ContainerEntry, GpuEntry, TreeContent
+from gpushare.resources import MANAGED_RESOURCES
+
+NODE = "gpu-node-1"
+
+SOURCES: Mapping[tuple[str, str], Iterable[str]] = {
+    # (metric, label): where the code takes the label's values from
+    ("gpushare_extender_request_duration_seconds", "verb"): [*Verb, *Webhook],
+    ("gpushare_extender_binds", "result"): BindResult,
+    ("gpushare_extender_filter_rejections", "rule"): Rule,
+    ("gpushare_extender_requeues", "result"): RequeueResult,
+    ("gpushare_admission_reviews", "webhook"): Webhook,
+    ("gpushare_admission_reviews", "allowed"): ALLOWED,
+    ("gpushare_admission_errors", "webhook"): Webhook,
+    ("gpushare_device_plugin_allocate", "result"): AllocateResult,
+    ("gpushare_device_plugin_allocation_failures", "reason"): Refusal,
+    ("gpushare_device_plugin_answer_timeouts", "call"): Call,
+    ("gpushare_isolation_memory_cap_violations", "action"): MemoryAction,
+    ("gpushare_isolation_control_writes_refused", "file"): FILE_NAMES,
+}
+"""Labels whose values are a fixed set, by metric."""
+
+CONTAINER = ContainerEntry(
+    id="containerd-4f1c",
+    pod="team-a/infer-0",
+    name="server",
+    memsize=4 << 30,
+    processes=(),
+    weight=1,
+    highprio=False,
+    util=None,
+    limit=None,
+    violations=0,
+)
+INSTANCE: Mapping[str, Iterable[str]] = {
+    "node": [NODE],
+    "resource": MANAGED_RESOURCES,
+    "gpu": ["0"],
+    "namespace": ["team-a"],
+    "pod": ["infer-0"],
+    "container": ["server"],
+    "container_id": ["containerd-4f1c"],
+}
+"""Labels that name what the component serves: its node, its resources, its GPU and the
+container the agent published."""
+
+
+def extender() -> CollectorRegistry:
+    return ExtenderMetrics(SchedulerCache()).registry
+
+
+def device_plugin() -> CollectorRegistry:
+    return PluginMetrics(NODE).registry
+
+
+def agent() -> CollectorRegistry:
+    metrics = AgentMetrics(NODE)
+    metrics.configure([0], 0.1, MemoryAction.KILL)
+    gpu = GpuEntry(0, "GPU-0", "T4", 16 << 30, Policy.FIXED, 16, 3, 16, 195, 0.0, (CONTAINER,))
+    metrics.publish(TreeContent("test", 0, (gpu,)))
+    return metrics.registry
+
+
+COMPONENTS = [extender, device_plugin, agent]
+
+
+def _labelled(registry: CollectorRegistry) -> list[MetricWrapperBase]:
+    collectors = registry._collector_to_names  # prometheus-client keeps no public list
+    return [c for c in collectors if isinstance(c, MetricWrapperBase) and c._labelnames]
+
+
+def _values(metric: str, label: str) -> list[str]:
+    source = SOURCES.get((metric, label), INSTANCE.get(label))
+    if source is None:
+        pytest.fail(
+            f"{metric}: where do the values of its label {label!r} come from? Create its "
+            "series at construction and name the source in SOURCES"
+        )
+    return [str(value) for value in source]
+
+
+@pytest.mark.parametrize("registry_of", COMPONENTS, ids=lambda f: f.__name__)
+def test_every_labelled_series_exists_from_the_start(registry_of):
+    registry = registry_of()
+    labelled = _labelled(registry)
+    assert labelled, "no labelled metric found: the walk is wrong"
+    missing = []
+    for metric in labelled:
+        name, kind, labels = metric._name, metric._type, metric._labelnames
+        first = {"counter": "_total", "histogram": "_count"}.get(kind, "")
+        for values in itertools.product(*(_values(name, label) for label in labels)):
+            value = registry.get_sample_value(name + first, dict(zip(labels, values, strict=True)))
+            if value is None or (first and value != 0):
+                missing.append(f"{name}{dict(zip(labels, values, strict=True))} = {value}")
+    assert missing == []
+
+
+def test_a_counter_created_without_its_series_is_found():
+    """The walk itself: a labelled counter nobody pre-created fails it."""
+    from prometheus_client import Counter
+
+    registry = agent()
+    Counter("gpushare_isolation_new_thing", "new", ["node"], registry=registry)
+    with pytest.raises(AssertionError, match="gpushare_isolation_new_thing"):
+        test_every_labelled_series_exists_from_the_start(lambda: registry)

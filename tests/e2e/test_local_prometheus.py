@@ -6,14 +6,18 @@ the expressions are the shipped ones.
 
 The scenarios provoke what the alerts are for and read Prometheus's own rule evaluation
 (GET /api/v1/alerts): a refused pod and an unplaceable one, the device plugin stopped,
-a GPU unhealthy, a container over its memory cap (the agent on the fake NVML for that
-test); each is undone afterwards. The module ends by running every panel query of the
-Grafana dashboard over what was scraped: each returns data.
+a GPU unhealthy, a malformed AdmissionReview, a container over its memory cap (the
+agent on the fake NVML for that test); each cause is undone afterwards. The module ends
+by running every panel query of the Grafana dashboard over what was scraped: each
+returns data.
 """
 
 import json
 import re
+import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,7 @@ from tests.e2e.local import (
     MOCK_GPUS,
     NODE,
     PLUGIN_METRICS_PORT,
+    WEBHOOK_PORT,
     HostProcess,
     LocalCluster,
 )
@@ -194,6 +199,26 @@ def test_an_unhealthy_gpu_fires_until_it_heals(local: LocalCluster, prometheus: 
         every=1,
     )
     wait_resolved(prometheus, "GpushareGpuUnhealthy")
+
+
+def test_a_malformed_admission_review_fires_webhook_errors(
+    local: LocalCluster, prometheus: PrometheusServer
+):
+    """What a client other than the API server may send the webhook port: an error
+    status, not an answer, counted. (It resolves 5 minutes on: promtool tests that.)"""
+    request = urllib.request.Request(
+        f"https://127.0.0.1:{WEBHOOK_PORT}/validate",
+        data=b'{"kind": "AdmissionReview", "request": ',
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    context = ssl.create_default_context(cadata=local.ca_pem.decode())
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        urllib.request.urlopen(request, context=context, timeout=10)
+    assert 400 <= answer.value.code < 500
+    alert = wait_firing(prometheus, "GpushareWebhookErrors", webhook="validate")
+    assert active(prometheus, "GpushareWebhookErrors", webhook="mutate") == []
+    assert "validate" in alert["annotations"]["summary"]
 
 
 @pytest.fixture

@@ -85,8 +85,11 @@ def test_every_alert_has_its_runbook_section():
     text = TROUBLESHOOTING.read_text()
     for rule in rules():
         section = text.split(f"### {rule['alert']}\n", 1)[1].split("\n### ", 1)[0]
-        # What to check: exact commands or queries, and what to do.
-        assert re.search(r"```(bash|promql)", section), rule["alert"]
+        for part in ("**What it means.**", "**What to check.**", "**What to do.**"):
+            assert part in section, f"{rule['alert']}: no {part}"
+        # What to check: exact commands and queries.
+        assert re.search(r"```bash\n", section), rule["alert"]
+        assert re.search(r"```promql\n", section), rule["alert"]
 
 
 def test_every_metric_the_rules_name_is_exported():

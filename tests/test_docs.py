@@ -2,6 +2,7 @@
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,8 +126,8 @@ def test_slugs_follow_github():
     )
 
 
-def _exported_metric_names() -> set[str]:
-    """Every series name the three components can export, from their own registries."""
+def _registries() -> list[Any]:
+    """The registries of the three components, with every family they can export."""
     from gpushare.deviceplugin.metrics import PluginMetrics
     from gpushare.extender.cache import SchedulerCache
     from gpushare.extender.metrics import ExtenderMetrics
@@ -134,15 +135,41 @@ def _exported_metric_names() -> set[str]:
 
     plugin = PluginMetrics("node")
     plugin.watch_gpus(lambda: (), lambda: [])
-    registries = [plugin.registry, ExtenderMetrics(SchedulerCache()).registry]
-    registries.append(AgentMetrics("node").registry)
+    return [
+        plugin.registry,
+        ExtenderMetrics(SchedulerCache()).registry,
+        AgentMetrics("node").registry,
+    ]
+
+
+def _exported_metric_names() -> set[str]:
+    """Every series name the three components can export, from their own registries."""
     suffixes = {"counter": ("_total",), "histogram": ("", "_bucket", "_count", "_sum")}
     return {
         family.name + suffix
-        for registry in registries
+        for registry in _registries()
         for family in registry.collect()
         for suffix in suffixes.get(family.type, ("",))
     }
+
+
+def _exported_families() -> set[str]:
+    """Every metric as an operator queries it: counters with `_total`, histograms by their
+    base name."""
+    return {
+        family.name + ("_total" if family.type == "counter" else "")
+        for registry in _registries()
+        for family in registry.collect()
+    }
+
+
+def test_every_exported_metric_is_described_in_the_metrics_page():
+    page = (ROOT / "docs" / "metrics.md").read_text()
+    described = set(re.findall(r"^\| `(gpushare_\w+)` \|", page, re.M))
+    assert described, "the metrics page describes no metric: the pattern is wrong"
+    exported = _exported_families()
+    assert sorted(exported - described) == []
+    assert sorted(described - exported) == []
 
 
 METRIC_NAME = re.compile(

@@ -490,7 +490,7 @@ def test_scheduler_runs_stock_kube_scheduler_with_the_extender_as_sidecar(defaul
         "--url-prefix": "/gpushare-scheduler",
         "--scheduler-name": "gpushare-scheduler",
         "--extra-scheduler-names": "ack-co-scheduler",
-        "--default-placement": "binpack",
+        "--default-placement": "fgd-lookahead",
         "--max-pods-per-gpu": "20",
         "--log-level": "info",
         "--webhook-port": "9443",
@@ -1272,7 +1272,9 @@ def test_dashboard_configmap_is_picked_up_by_grafana_and_uses_documented_metrics
         "Allocated compute per GPU",
         "Pods per GPU",
         "Extender latency",
-        "Isolation throttling",
+        "GPU memory used vs cap",
+        "Compute used vs share",
+        "Time held back",
     ):
         assert wanted in titles
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))

@@ -293,6 +293,17 @@ def test_a_body_over_the_endpoints_limit_is_a_413_naming_it(clients, verb):
     response = post(clients, verb, b" " * (limit + 1))
     assert response.status_code == 413
     assert f"limit of {limit} bytes" in refusal(response, verb)
+    # Its body was left unread, so the server closes the connection and says so: a
+    # pooled client that reused it would see its next request reset.
+    assert response.headers["connection"] == "close"
+    assert post(clients, verb, b"{}").status_code == 400
+
+
+@pytest.mark.parametrize("verb", ["filter", "validate"])
+def test_a_body_of_the_wrong_type_keeps_the_connection(clients, verb):
+    response = post(clients, verb, b"{}", **{"Content-Type": "text/plain"})
+    assert response.status_code == 415
+    assert response.headers.get("connection") != "close"
 
 
 @pytest.mark.parametrize("verb", ENDPOINTS)

@@ -211,7 +211,7 @@ def teach(cache: SchedulerCache, policy: str | None, pods: int = 40) -> None:
 
 def test_another_policy_learning_keeps_the_results_of_this_one():
     learning = learns_on_filter()
-    cache = SchedulerCache(policies={**POLICIES, learning.name: lambda: learning})
+    cache = SchedulerCache("binpack", policies={**POLICIES, learning.name: lambda: learning})
     cache.replace_nodes([node("n", "1x16GiB")])
     cache.replace_pods([])
     packed = answer(cache, 10)

@@ -271,7 +271,13 @@ def _endpoint(
         except BodyRefused as refused:
             log.info("%s: refused: %s", verb, refused.message)
             _count(errors)
-            return refusal(verb, refused.status, refused.message)
+            response = refusal(verb, refused.status, refused.message)
+            if refused.status != HTTPStatus.UNSUPPORTED_MEDIA_TYPE:
+                # The body may be left unread, so the server closes the connection; said
+                # in the answer, a client does not send its next request on it and see
+                # a reset (a pooled client did, under load).
+                response.headers["connection"] = "close"
+            return response
         started = time.perf_counter()
         try:
             if inline:

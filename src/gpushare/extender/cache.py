@@ -45,7 +45,7 @@ from gpushare.fitcache import FitCache
 from gpushare.inventory import adds_room, node_gpus
 from gpushare.objects import Node, Pod
 from gpushare.placement.fit import PlacementPolicy, evaluate, extender_score, to_allocation
-from gpushare.placement.policies import POLICIES, PolicyFactory, build
+from gpushare.placement.policies import DEFAULT_PLACEMENT, POLICIES, PolicyFactory, build
 from gpushare.placement.preemption import choose_victims
 from gpushare.request import PodRequest, requests_gpu
 from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU, MANAGED_RESOURCES, parse_quantity
@@ -90,7 +90,7 @@ def interesting(pod: Pod) -> bool:
 class SchedulerCache:
     def __init__(
         self,
-        default_policy: str = "binpack",
+        default_policy: str = DEFAULT_PLACEMENT,
         max_pods_per_gpu: int = DEFAULT_MAX_PODS_PER_GPU,
         assume_ttl_s: float = ASSUME_TTL_S,
         clock: Callable[[], float] = time.monotonic,

@@ -34,7 +34,7 @@ from gpushare.extender.policychoice import validate_default
 from gpushare.extender.schedulernames import DEFAULT_SCHEDULER
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import API_CONNECTIONS, ExtenderConfig, ExtenderService
-from gpushare.placement.policies import POLICIES
+from gpushare.placement.policies import DEFAULT_PLACEMENT, POLICIES
 from gpushare.resources import ACK_SCHEDULER_NAME, DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
 
 log = logging.getLogger("gpushare.extender")
@@ -106,10 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--default-placement",
-        default="binpack",
+        default=DEFAULT_PLACEMENT,
         help="placement policy for nodes without the ack.node.gpu.placement label and pods "
         f"without gpushare.io/placement-policy; one of {', '.join(sorted(POLICIES))} "
-        "(default binpack)",
+        f"(default {DEFAULT_PLACEMENT}: fragmentation-aware, see docs/placement.md)",
     )
     parser.add_argument(
         "--max-pods-per-gpu",

@@ -27,7 +27,7 @@ from gpushare.extender.requeue import Requeuer
 from gpushare.extender.unserved import UnservedReporter
 from gpushare.extender.version import VERSION
 from gpushare.kubecluster.watchcache import WatchCache
-from gpushare.placement.policies import POLICIES, PolicyFactory
+from gpushare.placement.policies import DEFAULT_PLACEMENT, POLICIES, PolicyFactory
 from gpushare.resources import ACK_SCHEDULER_NAME, DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
 
 API_CONNECTIONS = BINDS_AT_ONCE + 4
@@ -52,7 +52,7 @@ class ExtenderConfig:
     tls_key_file: Path | None = None
     scheduler_name: str = SCHEDULER_NAME
     extra_scheduler_names: tuple[str, ...] = (ACK_SCHEDULER_NAME,)
-    default_placement: str = "binpack"
+    default_placement: str = DEFAULT_PLACEMENT
     max_pods_per_gpu: int = DEFAULT_MAX_PODS_PER_GPU
     read_limits: ReadLimits = DEFAULT_READ_LIMITS
 

@@ -191,11 +191,11 @@ class AgentMetrics:
         """What the agent runs with: its GPUs' series exist from now on."""
         self.slice_seconds.labels(self.node).set(slice_s)
         self._action = action
+        per_gpu = (self.policy, self.gpu_utilisation, self.gpu_memory_used, self.gpu_memory_total)
         for gpu in gpus:
             labels = (self.node, str(gpu))
-            for gauge in (self.policy, self.gpu_utilisation, self.gpu_memory_used):
+            for gauge in per_gpu:
                 gauge.labels(*labels)
-            self.gpu_memory_total.labels(*labels)
             self.gpu_healthy.labels(*labels).set(1)
 
     def seen(self, gpus: Iterable[int], healthy: bool) -> None:

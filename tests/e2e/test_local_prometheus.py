@@ -293,13 +293,23 @@ def test_a_container_over_its_memory_cap_fires(
 
 
 def _panel_queries() -> list[tuple[str, str]]:
-    """(panel title, PromQL) of every panel target, Grafana's variables set to all."""
+    """(panel title, PromQL) of every panel target (in collapsed rows too), each of
+    Grafana's variables set to its "All" value, as the dashboard opens."""
     dashboard = json.loads(DASHBOARD.read_text())
+    everything = {
+        v["name"]: v.get("allValue") or ".*"
+        for v in dashboard["templating"]["list"]
+        if v["type"] == "query"
+    }
+    variable = re.compile(r"\$\{?(\w+)\}?")
+    panels = [panel for top in dashboard["panels"] for panel in [top, *top.get("panels", [])]]
     queries = []
-    for panel in dashboard["panels"]:
+    for panel in panels:
         for target in panel.get("targets", []):
             expr = target["expr"].replace("$__rate_interval", "1m").replace("$__interval", "2s")
-            queries.append((panel["title"], re.sub(r"\$\{?node\}?", ".*", expr)))
+            expr = variable.sub(lambda m: everything.get(m.group(1), m.group(0)), expr)
+            assert "$" not in expr, f"{panel['title']}: a variable the test does not set: {expr}"
+            queries.append((panel["title"], expr))
     return queries
 
 

@@ -23,6 +23,7 @@ _API = ApiClient()
 # Objects of CRDs the Kubernetes client has no models for.
 CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("cert-manager.io/v1", "Certificate"),
     ("cert-manager.io/v1", "Issuer"),
 }

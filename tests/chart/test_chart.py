@@ -13,6 +13,7 @@ import tempfile
 import threading
 import tomllib
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import helm_python as helm
@@ -32,6 +33,9 @@ from tests.chart.rendering import (
     render_chart,
     webhook_configurations,
 )
+from tests.prometheus import ALERTS
+
+RUNBOOKS = "https://github.com/gpushare/gpushare/blob/main/docs/troubleshooting.md"
 
 VALUE_SETS = {
     "defaults": {},
@@ -44,6 +48,15 @@ VALUE_SETS = {
     },
     "service-monitor": {
         "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}
+    },
+    "prometheus-rule": {
+        "metrics": {
+            "prometheusRule": {
+                "enabled": True,
+                "labels": {"release": "prom"},
+                "additionalLabels": {"team": "gpu"},
+            }
+        }
     },
     "failure-ignore": {"webhook": {"failurePolicy": "Ignore", "matchConditions": False}},
     "fail-without-match-conditions": {
@@ -1271,6 +1284,71 @@ def test_dashboard_configmap_is_picked_up_by_grafana_and_uses_documented_metrics
         re.findall(r"`(gpushare_[a-z_]+)`", (CHART.parents[1] / "docs" / "metrics.md").read_text())
     )
     assert used and used <= documented, used - documented
+
+
+def _alert_groups(runbooks: str = RUNBOOKS) -> list[dict[str, Any]]:
+    """The plain rules file's groups, its runbook links moved to `runbooks`."""
+    text = ALERTS.read_text().replace(RUNBOOKS, runbooks)
+    groups: list[dict[str, Any]] = yaml.safe_load(text)["groups"]
+    return groups
+
+
+def test_the_prometheus_rule_is_rendered_only_when_asked(default):
+    assert default.all("PrometheusRule") == []
+    assert render({"metrics": {"prometheusRule": {"enabled": False}}}).all("PrometheusRule") == []
+
+
+def test_the_prometheus_rule_holds_the_plain_rules_files_groups_and_the_selectors_labels():
+    rule = render(VALUE_SETS["prometheus-rule"]).one("PrometheusRule", f"{FULLNAME}-alerts")
+    assert rule["metadata"]["namespace"] == NAMESPACE
+    labels = rule["metadata"]["labels"]
+    assert labels["release"] == "prom" and labels["team"] == "gpu"
+    assert labels["app.kubernetes.io/part-of"] == "gpushare"
+    assert rule["spec"] == {"groups": _alert_groups()}
+    alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert len(alerts) == 10 and all(a.startswith("Gpushare") for a in alerts)
+
+
+def test_the_runbook_links_follow_the_configured_base():
+    base = "https://wiki.example.com/gpu/troubleshooting"
+    values = {"metrics": {"prometheusRule": {"enabled": True, "runbookBaseUrl": base + "/"}}}
+    spec = render(values).one("PrometheusRule")["spec"]
+    assert spec == {"groups": _alert_groups(base)}
+    urls = [r["annotations"]["runbook_url"] for g in spec["groups"] for r in g["rules"]]
+    assert all(u.startswith(base + "#gpushare") for u in urls), urls
+
+
+def test_the_default_runbook_base_is_the_one_the_plain_file_links():
+    with helm.Chart.load(CHART) as chart:
+        assert chart.values["metrics"]["prometheusRule"]["runbookBaseUrl"] == RUNBOOKS
+    assert ALERTS.read_text().count(RUNBOOKS + "#") == 10
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"enabled": "yes"}, "at '/metrics/prometheusRule/enabled': got string, want boolean"),
+        ({"labels": {"release": 1}}, "at '/metrics/prometheusRule/labels/release': got number"),
+        ({"additionalLabels": ["team=gpu"]}, "at '/metrics/prometheusRule/additionalLabels'"),
+        ({"runbookBaseUrl": "docs/troubleshooting.md"}, "prometheusRule/runbookBaseUrl'"),
+        ({"ruleSelector": {}}, "additional properties 'ruleSelector' not allowed"),
+    ],
+    ids=lambda v: json.dumps(v),
+)
+def test_the_schema_refuses_prometheus_rule_values_naming_the_field(values, message):
+    with (
+        helm.Chart.load(CHART) as chart,
+        pytest.raises(helm.HelmValuesError, match=re.escape(message)),
+    ):
+        chart.validate_schema({"metrics": {"prometheusRule": values}})
+
+
+def test_the_schema_accepts_the_prometheus_rule_values():
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema(VALUE_SETS["prometheus-rule"])
+        chart.validate_schema(
+            {"metrics": {"prometheusRule": {"runbookBaseUrl": "http://wiki.local/gpushare"}}}
+        )
 
 
 # ----- values and notes

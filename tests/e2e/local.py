@@ -56,6 +56,9 @@ EXTENDER_PORT: Final = 39999
 EXTENDER_OPS_PORT: Final = 39996
 """Health, metrics and /inspect; the verbs' port serves kube-scheduler alone."""
 WEBHOOK_PORT: Final = 9443
+PLUGIN_METRICS_PORT: Final = 39991
+AGENT_METRICS_PORT: Final = 39992
+"""The node components' /metrics (the chart's 9401 and 9402 may be taken on a host)."""
 CHART_VALUES: Final = {"gpu": {"backend": "mock", "mockGpus": MOCK_GPUS}}
 """What an operator trying gpushare without GPUs installs; everything else default."""
 SCHEDULER_CONFIG: Final = ROOT / "config" / "kube-scheduler-config.yaml"
@@ -440,7 +443,8 @@ class LocalCluster(KubectlTarget):
                 str(self.venv_bin / "gpushare-device-plugin"),
                 "--node-name", NODE, "--backend", "mock", "--mock-gpus", MOCK_GPUS,
                 "--mock-health-file", str(self.health_file),
-                "--kubeconfig", str(node_kubeconfig), "--metrics-port", "0",
+                "--kubeconfig", str(node_kubeconfig),
+                "--metrics-port", str(PLUGIN_METRICS_PORT),
             ],
             self.logs / "gpushare-device-plugin.log",
         )  # fmt: skip
@@ -449,7 +453,8 @@ class LocalCluster(KubectlTarget):
             [
                 str(self.venv_bin / "gpushare-isolation"),
                 "--node-name", NODE, "--backend", "mock", "--mock-gpus", MOCK_GPUS,
-                "--control-dir", str(self.control_dir), "--metrics-port", "0",
+                "--control-dir", str(self.control_dir),
+                "--metrics-port", str(AGENT_METRICS_PORT),
             ],
             self.logs / "gpushare-isolation.log",
         )  # fmt: skip

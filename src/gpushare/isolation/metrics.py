@@ -164,9 +164,10 @@ class AgentMetrics:
         self.tick_seconds = Histogram(
             "gpushare_isolation_tick_seconds",
             "Time one scheduling tick took (observe, enforce, decide, apply, publish)",
+            ["node"],
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25),
             registry=r,
-        )
+        ).labels(node)
         at_zero(self.refused_writes, [node], FILE_NAMES)
         at_zero(self.late_ticks, [node])
         at_zero(self.slice_seconds, [node])

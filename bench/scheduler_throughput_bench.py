@@ -42,6 +42,7 @@ import contextlib
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
 import threading
@@ -55,6 +56,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import yaml
 from kubernetes import client, config
 from kubernetes.watch.watch import iter_resp_lines
 
@@ -185,6 +187,8 @@ class SetResult:
     cpu: dict[str, float]
     latency: dict[str, tuple[float, float]] = field(default_factory=dict)
     """verb -> (requests, mean seconds)"""
+    cycle: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """kube-scheduler's own histograms: what -> (observations, mean seconds)"""
 
     @property
     def rate(self) -> float:
@@ -211,15 +215,60 @@ def extender_latency(ops_port: int) -> dict[str, tuple[float, float]]:
     return {verb: (c, s) for verb, (c, s) in sums.items()}
 
 
+_SCHED_METRIC = re.compile(
+    r"^scheduler_(scheduling_attempt_duration_seconds|framework_extension_point_duration_seconds"
+    r")_(sum|count)\{([^}]*)\} (\S+)$"
+)
+
+
+def scheduler_histograms(token: str) -> dict[str, tuple[float, float]]:
+    """kube-scheduler's scheduling-cycle histograms: the whole attempt (its scheduling
+    cycle, extender calls included) and each extension point of its framework, summed
+    over profiles; what -> (count, sum)."""
+    request = urllib.request.Request(
+        "https://127.0.0.1:10259/metrics", headers={"Authorization": f"Bearer {token}"}
+    )
+    context = ssl._create_unverified_context()  # its self-signed serving certificate
+    with urllib.request.urlopen(request, timeout=10, context=context) as r:
+        text = r.read().decode()
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        match = _SCHED_METRIC.match(line)
+        if not match:
+            continue
+        _, which, labels, value = match.groups()
+        point = re.search(r'extension_point="([^"]+)"', labels)
+        status = re.search(r'(?:status|result)="([^"]+)"', labels)
+        if status and status.group(1) not in ("Success", "scheduled"):
+            continue
+        what = f"ext:{point.group(1)}" if point else "attempt"
+        pair = out.setdefault(what, [0.0, 0.0])
+        pair[0 if which == "count" else 1] += float(value)
+    return {what: (c, s) for what, (c, s) in out.items()}
+
+
+def _delta(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, tuple[float, float]]:
+    """what -> (observations, mean) over the interval."""
+    out = {}
+    for what, (c, s) in after.items():
+        c0, s0 = before.get(what, (0.0, 0.0))
+        if c > c0:
+            out[what] = (c - c0, (s - s0) / (c - c0))
+    return out
+
+
 def run_set(
     kind: str, index: int, count: int, threads: int, api: client.ApiClient, watch: BindWatch,
-    pids: dict[str, int], ops_port: int,
+    pids: dict[str, int], ops_port: int, token: str,
 ) -> SetResult:  # fmt: skip
     core = client.CoreV1Api(api)
     names = [f"{kind}-{index}-{n}" for n in range(count)]
     bodies = [pod_body(kind, name, n) for n, name in enumerate(names)]
     cpu_before = {who: cpu_seconds(pid) for who, pid in pids.items()}
     latency_before = extender_latency(ops_port)
+    cycle_before = scheduler_histograms(token)
 
     def create(body: dict[str, Any]) -> None:
         discard(core.create_namespaced_pod(NAMESPACE, body, _preload_content=False))
@@ -232,13 +281,9 @@ def run_set(
         raise SystemExit(f"{len(missing)} {kind} pods not bound in 600 s, e.g. {missing[:3]}")
     bound = max(watch.bound[n] for n in names) - started
     cpu = {who: cpu_seconds(pid) - cpu_before[who] for who, pid in pids.items()}
-    after = extender_latency(ops_port)
-    latency = {}
-    for verb, (c, s) in after.items():
-        c0, s0 = latency_before.get(verb, (0.0, 0.0))
-        if c > c0:
-            latency[verb] = (c - c0, (s - s0) / (c - c0))
-    return SetResult(kind, count, created, bound, cpu, latency)
+    latency = _delta(latency_before, extender_latency(ops_port))
+    cycle = _delta(cycle_before, scheduler_histograms(token))
+    return SetResult(kind, count, created, bound, cpu, latency, cycle)
 
 
 def recorded_pid(state: Path, name: str) -> int:
@@ -311,6 +356,11 @@ def main() -> int:
     bins = local_tier.binaries(sources[0], root)
     state = root / f"gpushare-bench-{bins.version}"
     os.environ["KCM_EXTRA_ARGS"] = "--controllers=*,-node-lifecycle-controller"
+    # Only lets the bench read kube-scheduler's /metrics (it has no authentication
+    # kubeconfig, so every request is anonymous); nothing of its scheduling changes.
+    os.environ["SCHED_EXTRA_ARGS"] = (
+        "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics"
+    )
     extra = ("--default-placement", args.default_placement) if args.default_placement else ()
     cluster = BenchCluster(
         kubeconfig=state / "kubeconfig", state=state, bins=bins, extender_extra=extra
@@ -332,6 +382,7 @@ def main() -> int:
             "etcd": recorded_pid(state, "etcd"),
         }
         api = api_client(cluster.kubeconfig, connections=args.threads + 4)
+        token = yaml.safe_load(cluster.kubeconfig.read_text())["users"][0]["user"]["token"]
         core = client.CoreV1Api(api)
         core.create_namespace({"metadata": {"name": NAMESPACE}})
         t = time.monotonic()
@@ -350,12 +401,14 @@ def main() -> int:
             with profiled(pids["extender"], spy):
                 result = run_set(
                     kind, index, args.pods, args.threads, api, watch, pids,
-                    local_tier.EXTENDER_OPS_PORT,
+                    local_tier.EXTENDER_OPS_PORT, token,
                 )  # fmt: skip
             results.append(result)
             print(result.line(), flush=True)
+            for what, (n, mean) in sorted(result.cycle.items()):
+                print(f"      kube-scheduler {what:22} {n:6.0f} x, mean {1000 * mean:6.2f} ms")
             for verb, (n, mean) in sorted(result.latency.items()):
-                print(f"      extender {verb:10} {n:6.0f} requests, mean {1000 * mean:6.2f} ms")
+                print(f"      extender {verb:28} {n:6.0f} x, mean {1000 * mean:6.2f} ms")
             time.sleep(2)
         return report(results)
     finally:

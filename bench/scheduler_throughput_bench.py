@@ -305,13 +305,15 @@ class BenchCluster(local_tier.LocalCluster):
 
 @contextlib.contextmanager
 def profiled(pid: int, out: Path | None) -> Iterator[None]:
-    """py-spy record on the extender while the caller's block runs."""
+    """py-spy record on the extender while the caller's block runs: only the thread
+    holding the GIL is sampled, so the profile says where the process's Python time
+    goes (its threads take turns on one GIL)."""
     if out is None:
         yield
         return
     spy = subprocess.Popen(
         [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(pid),
-         "-o", str(out), "-f", "raw", "-r", "200", "--threads", "--nonblocking"],
+         "-o", str(out), "-f", "raw", "-r", "200", "--threads", "--gil", "--nonblocking"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     time.sleep(1)

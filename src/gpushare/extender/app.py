@@ -127,8 +127,17 @@ def extender_app(
 def webhook_app(extender: Extender, limits: ReadLimits = DEFAULT_READ_LIMITS) -> FastAPI:
     router = APIRouter()
     for verb, handler in (("validate", extender.validate), ("mutate", extender.mutate)):
+        # Inline: a review is only decoded and judged (well under a millisecond), so a
+        # hop to the thread pool and back would cost more than the work, on every pod
+        # created while binds hold the pool's threads.
         endpoint = _endpoint(
-            verb, handler, extender.metrics, ADMISSION_REVIEW_MAX, limits, _for_api_server
+            verb,
+            handler,
+            extender.metrics,
+            ADMISSION_REVIEW_MAX,
+            limits,
+            _for_api_server,
+            inline=True,
         )
         router.add_api_route(f"/{verb}", endpoint, methods=["POST"])
 
@@ -247,10 +256,10 @@ def _endpoint(
     and turns a bad body into a 4xx naming the field or the limit, written by
     `refusal` in the shape the caller reads.
 
-    `inline` handlers run on the event loop: filter, prioritize and preempt only
-    compute (a few milliseconds at most), so a hop to the thread pool would cost
-    more than it saves. Bind waits on the API server and runs in the pool, at most
-    `at_once` calls at a time when given.
+    `inline` handlers run on the event loop: filter, prioritize, preempt and the
+    admission reviews only compute (a few milliseconds at most), so a hop to the
+    thread pool would cost more than it saves. Bind waits on the API server and runs
+    in the pool, at most `at_once` calls at a time when given.
     """
     latency = metrics.latency.labels(verb)
     limiter: CapacityLimiter | None = None  # None: anyio's default thread pool

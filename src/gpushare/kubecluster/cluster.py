@@ -243,7 +243,7 @@ class KubeCluster:
             metadata["uid"] = uid
         if annotations:
             metadata["annotations"] = dict(annotations)
-        body = {
+        body: Any = {  # Any: the client's signature names its model; it sends dicts as they are
             "apiVersion": "v1",
             "kind": "Binding",
             "metadata": metadata,
@@ -291,7 +291,7 @@ class KubeCluster:
             involved["namespace"] = ref.namespace
         if ref.uid:
             involved["uid"] = ref.uid
-        event = {
+        event: Any = {  # Any, as the Binding's body above
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{ref.name}.", "namespace": namespace},

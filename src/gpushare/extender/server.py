@@ -155,9 +155,11 @@ class HttpServer:
         log_level: str = "warning",
         client_ca_file: Path | None = None,
         limits: ReadLimits = DEFAULT_READ_LIMITS,
+        loop: str = "auto",
     ) -> None:
         """`client_ca_file`: with TLS, only clients presenting a certificate signed by
-        this CA are served (the handshake fails for any other)."""
+        this CA are served (the handshake fails for any other). `loop`: uvicorn's
+        event loop, "auto" (uvloop where installed) or "asyncio"."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.socket = socket.socket(family, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -177,6 +179,7 @@ class HttpServer:
             ssl_ca_certs=str(client_ca_file) if client_ca_file else None,
             ssl_cert_reqs=ssl.CERT_REQUIRED if client_ca_file else ssl.CERT_NONE,
             timeout_keep_alive=30,  # kube-scheduler's Go client keeps connections open
+            loop=loop,
         )
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None

@@ -343,6 +343,9 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     args = parser.parse_args()
+    for flag in ("nodes", "pods", "threads"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag}: want at least 1, got {getattr(args, flag)}")
     order = [k.strip() for k in args.order.split(",") if k.strip()]
     bad = [k for k in order if k not in ("plain", "gpu")]
     if bad or not order or "gpu" not in order or "plain" not in order:

@@ -2,6 +2,7 @@
 API server's answers onto the cluster port's semantics."""
 
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,15 @@ def test_binding_sets_the_node_and_merges_annotations(memory, api, kube):
     assert sent.path == "/api/v1/namespaces/default/pods/a/binding"
     assert sent.body["metadata"]["uid"] == created.metadata.uid
     assert sent.body["target"] == {"apiVersion": "v1", "kind": "Node", "name": "n1"}
+    assert (sent.body["apiVersion"], sent.body["kind"]) == ("v1", "Binding")
+
+
+def test_a_binding_without_uid_or_annotations_sends_neither(memory, api, kube):
+    memory.create_pod(pod("a", mem=1))
+    kube.bind_pod("default", "a", "n1")
+    meta = api.seen("POST", "/binding")[-1].body["metadata"]
+    assert meta == {"name": "a", "namespace": "default"}
+    assert memory.get_pod("default", "a").spec.node_name == "n1"
 
 
 def test_binds_and_events_leave_their_connection_clean_for_the_next_request(memory, api, kube):
@@ -155,6 +165,13 @@ def test_events_are_recorded_on_the_object_and_never_raise(memory, api, kube):
     assert event["reason"] == "GpuRefused" and event["type"] == "Warning"
     assert event["message"] == "no GPU has 3 GiB free"
     assert api.seen("POST", "/events")[-1].path == "/api/v1/namespaces/default/events"
+    # What `kubectl get events` and describe show: by whom, when (RFC 3339), how often.
+    assert event["metadata"] == {"generateName": "a.", "namespace": "default"}
+    assert event["source"] == {"component": "gpushare"}
+    assert event["reportingComponent"] == "gpushare" and event["count"] == 1
+    first = datetime.fromisoformat(event["firstTimestamp"])
+    assert first.tzinfo is not None and abs(datetime.now(UTC) - first) < timedelta(minutes=1)
+    assert event["lastTimestamp"] == event["firstTimestamp"]
     api.failures.append(500)
     kube.record_event(ref, EventSeverity.NORMAL, "Ignored", "the server is down")
 

@@ -127,6 +127,9 @@ def extender_app(
 def webhook_app(extender: Extender, limits: ReadLimits = DEFAULT_READ_LIMITS) -> FastAPI:
     router = APIRouter()
     for verb, handler in ((Webhook.VALIDATE, extender.validate), (Webhook.MUTATE, extender.mutate)):
+        # Inline: a review is only decoded and judged (well under a millisecond), so a
+        # hop to the thread pool and back would cost more than the work, on every pod
+        # created while binds hold the pool's threads.
         endpoint = _endpoint(
             verb,
             handler,
@@ -135,6 +138,7 @@ def webhook_app(extender: Extender, limits: ReadLimits = DEFAULT_READ_LIMITS) ->
             limits,
             _for_api_server,
             errors=extender.metrics.admission_errors.labels(verb),
+            inline=True,
         )
         router.add_api_route(f"/{verb}", endpoint, methods=["POST"])
 
@@ -257,12 +261,12 @@ def _endpoint(
     and turns a bad body into a 4xx naming the field or the limit, written by
     `refusal` in the shape the caller reads.
 
-    `inline` handlers run on the event loop: filter, prioritize and preempt only
-    compute (a few milliseconds at most), so a hop to the thread pool would cost
-    more than it saves. Bind waits on the API server and runs in the pool, at most
-    `at_once` calls at a time when given. `errors`, when given, counts the requests
-    answered with an error status instead of an answer (a refused body, a handler that
-    failed).
+    `inline` handlers run on the event loop: filter, prioritize, preempt and the
+    admission reviews only compute (a few milliseconds at most), so a hop to the
+    thread pool would cost more than it saves. Bind waits on the API server and runs
+    in the pool, at most `at_once` calls at a time when given. `errors`, when given,
+    counts the requests answered with an error status instead of an answer (a refused
+    body, a handler that failed).
     """
     latency = metrics.latency.labels(verb)
     limiter: CapacityLimiter | None = None  # None: anyio's default thread pool

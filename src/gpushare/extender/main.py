@@ -265,12 +265,17 @@ def run(args: argparse.Namespace) -> int:
     for server in background:
         server.start()
     # uvicorn handles SIGTERM/SIGINT: it drains requests, then re-raises the signal.
+    # The verbs on asyncio's own loop, not uvloop: its socket writes release the GIL.
+    # uvloop sends while holding it, and each send wakes kube-scheduler, which on a busy
+    # machine may take this thread's CPU there and then: every other thread of the
+    # extender then waits, GIL-less, through kube-scheduler's serial scheduling cycle.
     HttpServer(
         service.scheduler_app(),
         config.scheduler_address,
         config.port,
         log_level=args.log_level,
         limits=limits,
+        loop="asyncio",
     ).run()
     for server in background:
         server.stop()

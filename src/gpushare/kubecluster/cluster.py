@@ -236,15 +236,19 @@ class KubeCluster:
         uid: str = "",
         annotations: Mapping[str, str] | None = None,
     ) -> None:
-        body = client.V1Binding(
-            metadata=client.V1ObjectMeta(
-                name=name,
-                namespace=namespace,
-                uid=uid or None,
-                annotations=dict(annotations) if annotations else None,
-            ),
-            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node_name),
-        )
+        # Plain dicts, not the client's generated models: serialising those walks every
+        # attribute by reflection, a cost paid on each bind (and event) under load.
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+        if uid:
+            metadata["uid"] = uid
+        if annotations:
+            metadata["annotations"] = dict(annotations)
+        body: Any = {  # Any: the client's signature names its model; it sends dicts as they are
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": metadata,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node_name},
+        }
         try:
             # The server answers with a Status, not a Binding: do not let the client
             # try to read it as one.
@@ -281,24 +285,26 @@ class KubeCluster:
         because an event must not fail the operation it reports on."""
         namespace = ref.namespace or "default"
         now = datetime.now(UTC)
-        event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{ref.name}.", namespace=namespace),
-            involved_object=client.V1ObjectReference(
-                api_version="v1",
-                kind=ref.kind,
-                name=ref.name,
-                namespace=ref.namespace or None,
-                uid=ref.uid or None,
-            ),
-            reason=reason,
-            message=message[:1024],
-            type=str(severity),
-            source=client.V1EventSource(component=EVENT_SOURCE),
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-            reporting_component=EVENT_SOURCE,
-        )
+        stamp = now.isoformat(timespec="seconds").replace("+00:00", "Z")
+        involved = {"apiVersion": "v1", "kind": ref.kind, "name": ref.name}
+        if ref.namespace:
+            involved["namespace"] = ref.namespace
+        if ref.uid:
+            involved["uid"] = ref.uid
+        event: Any = {  # Any, as the Binding's body above
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{ref.name}.", "namespace": namespace},
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message[:1024],
+            "type": str(severity),
+            "source": {"component": EVENT_SOURCE},
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+            "reportingComponent": EVENT_SOURCE,
+        }
         try:
             _discard(self.core.create_namespaced_event(namespace, event, _preload_content=False))
         except Exception as err:  # the API or the network; see the docstring
@@ -325,8 +331,15 @@ class KubeCluster:
         _request(what, call, *args)
 
     def _one(self, kind: type[_T], what: str, call: Any, *args: Any, **kwargs: Any) -> _T:
-        obj = _request(what, call, *args, **kwargs)
-        return _convert(kind, self.api.sanitize_for_serialization(obj))
+        """One object, decoded once from the API's JSON into the core's model: not
+        through the client's generated models and back (two reflective walks of the
+        object, the larger part of a bind's CPU)."""
+        response = _request(what, call, *args, _preload_content=False, **kwargs)
+        try:
+            raw = json.loads(response.data)
+        except Exception as err:  # the connection dropped, or not JSON
+            raise ClusterError(f"{what}: {err}") from err
+        return _convert(kind, raw)
 
     def _listing(self, kind: type[_T], what: str, call: Any, **kwargs: Any) -> Listing[_T]:
         """A list the way client-go's reflector makes one: from the API server's watch

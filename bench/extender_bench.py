@@ -29,6 +29,7 @@ import json
 import multiprocessing
 import os
 import random
+import resource
 import statistics
 import time
 from typing import Any
@@ -75,6 +76,140 @@ def line(label: str, samples_ms: list[float]) -> str:
     )
 
 
+class Collections:
+    """The garbage collector's passes per generation, and the thread CPU they took."""
+
+    def __init__(self) -> None:
+        self.counts = [0, 0, 0]
+        self.ms_per_generation = [0.0, 0.0, 0.0]
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+        else:
+            self.counts[info["generation"]] += 1
+            took = (time.thread_time() - self._started) * 1e3
+            self.ms_per_generation[info["generation"]] += took
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+
+class Request:
+    """What applied to one filter+prioritize: the learned workload moved since the
+    last pod of this shape (its states are evaluated again), a candidate list the
+    extender had not read recently, garbage collections during the handlers."""
+
+    def __init__(self, causes: "Causes", shape: Any, body: bytes) -> None:
+        self.causes = causes
+        self.shape = shape
+        self.new_filter_list = causes.new_list(body)
+        self.new_prioritize_list = False
+        self.filter_cpu = 0.0
+        self.cpu = 0.0
+        self.moved = False
+        self.gcs = [0, 0, 0]
+        self.gc_ms = 0.0
+        self.gc_ms_per_generation = [0.0, 0.0, 0.0]
+        self._entered: tuple[list[int], list[float]] = ([], [])
+
+    def enter(self) -> None:
+        """A handler starts: collections from here to `leave` count."""
+        gc_ = self.causes.gc
+        self._entered = (list(gc_.counts), list(gc_.ms_per_generation))
+
+    def leave(self) -> None:
+        gc_ = self.causes.gc
+        counts, ms = self._entered
+        for g in range(3):
+            self.gcs[g] += gc_.counts[g] - counts[g]
+            self.gc_ms_per_generation[g] += gc_.ms_per_generation[g] - ms[g]
+        self.gc_ms = sum(self.gc_ms_per_generation)
+
+    def filtered(self, cpu_ms: float) -> None:
+        self.filter_cpu = cpu_ms
+        epochs = self.causes.epochs()
+        self.moved = self.causes.last_epochs.get(self.shape, epochs) != epochs
+        self.causes.last_epochs[self.shape] = epochs
+
+    def prioritizing(self, body: bytes) -> None:
+        self.new_prioritize_list = self.causes.new_list(body)
+
+    def done(self, cpu_ms: float) -> None:
+        self.cpu = cpu_ms
+        self.causes.requests.append(self)
+
+    def labels(self) -> list[str]:
+        found = []
+        if self.moved:
+            found.append("workload moved")
+        if self.new_filter_list:
+            found.append("new filter list")
+        if self.new_prioritize_list:
+            found.append("new prioritize list")
+        if self.gcs[2]:
+            found.append("gen-2 GC")
+        elif self.gcs[1]:
+            found.append("gen-1 GC")
+        return found or ["none of these"]
+
+
+class Causes:
+    """Per request of the stream, what applied to it (`Request`), to explain its tail."""
+
+    def __init__(self, bench: "Bench") -> None:
+        self.bench = bench
+        self.requests: list[Request] = []
+        self.last_epochs: dict[Any, tuple[int, ...]] = {}
+        self.gc = Collections()
+
+    def epochs(self) -> tuple[int, ...]:
+        return tuple(p.epoch for p in self.bench.extender.cache._policy_objects.values())
+
+    def new_list(self, body: bytes) -> bool:
+        reader = self.bench.extender.args_reader
+        return not any(body.endswith(tail) for tail in reader._tails)
+
+    def start(self, pod: Pod, body: bytes) -> Request:
+        pending = self.bench.extender.cache.pending(pod)
+        return Request(self, pending.request.shape if pending else None, body)
+
+    def report(self, skip: int, target_ms: float) -> list[str]:
+        """The slowest 1% of the stream's requests (after the first `skip`, the cold
+        ones) with what applied to each, and per cause how many requests were over
+        `target_ms` of thread CPU."""
+        self.gc.close()
+        stream = self.requests[skip:]
+        ordered = sorted(stream, key=lambda r: -r.cpu)
+        lines = [f"  slowest 1% of the stream (thread CPU, of {len(stream)}):"]
+        for r in ordered[: max(1, len(stream) // 100)]:
+            lines.append(
+                f"    {r.cpu:6.2f} ms (filter {r.filter_cpu:5.2f}, prioritize "
+                f"{r.cpu - r.filter_cpu:5.2f}; GC {r.gc_ms:5.2f} ms, passes {r.gcs}): "
+                + ", ".join(r.labels())
+            )
+        gc_ms = sum(r.gc_ms for r in stream)
+        lines.append(
+            f"  garbage collection inside the handlers: {gc_ms:.1f} ms of "
+            f"{sum(r.cpu for r in stream):.1f} ms thread CPU, passes per generation "
+            f"{[sum(r.gcs[g] for r in stream) for g in range(3)]}, taking "
+            f"{[round(sum(r.gc_ms_per_generation[g] for r in stream)) for g in range(3)]} ms"
+        )
+        tally: dict[str, list[float]] = {}
+        for r in stream:
+            tally.setdefault(" + ".join(r.labels()), []).append(r.cpu)
+        lines.append(f"  per cause: requests, over {target_ms:g} ms, median and max thread CPU")
+        for label, cpus in sorted(tally.items(), key=lambda kv: -max(kv[1])):
+            over = sum(1 for c in cpus if c > target_ms)
+            lines.append(
+                f"    {label:<44} {len(cpus):4d} {over:4d}  "
+                f"{statistics.median(cpus):6.2f} {max(cpus):6.2f} ms"
+            )
+        return lines
+
+
 class Bench:
     def __init__(self, nodes: int, seed: int, policy: str) -> None:
         self.rng = random.Random(seed)
@@ -90,6 +225,7 @@ class Bench:
         assert self.service.wait_synced(120)
         self.extender = self.service.extender
         self.count = 0
+        self.causes = Causes(self)
 
     def new_pod(self, shape: int) -> Pod:
         self.count += 1
@@ -117,20 +253,29 @@ class Bench:
 
     def in_process(self, pod: Pod) -> tuple[float, float, str | None]:
         """Wall and thread-CPU milliseconds spent in the two handlers (building the
-        scheduler's bodies and reading the answers is not counted)."""
+        scheduler's bodies and reading the answers is not counted). What applied to
+        the request is noted in `self.causes` (`Causes`)."""
         body = self.args(pod, self.names)
+        causes = self.causes.start(pod, body)
+        causes.enter()
         wall, cpu = time.perf_counter(), time.thread_time()
         answer = self.extender.filter(body)
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+        causes.leave()
+        causes.filtered(cpu * 1e3)
         passed = json.loads(answer)["NodeNames"]
         scores: list[dict[str, Any]] = []
         if len(passed) > 1:
             body = self.args(pod, passed)
+            causes.prioritizing(body)
+            causes.enter()
             wall2, cpu2 = time.perf_counter(), time.thread_time()
             answer = self.extender.prioritize(body)
             wall += time.perf_counter() - wall2
             cpu += time.thread_time() - cpu2
+            causes.leave()
             scores = json.loads(answer)
+        causes.done(cpu * 1e3)
         return wall * 1e3, cpu * 1e3, best(passed, scores)
 
     def stream(self, pods: int, measure: Any) -> dict[str, list[float]]:
@@ -293,6 +438,8 @@ def main() -> None:
     per_pod = statistics.mean(samples["cpu"]) + statistics.mean(samples["bind_cpu"])
     print(f"  thread CPU per pod, filter+prioritize+bind: {per_pod:.2f} ms mean")
     print(f"  (full garbage collections during the stream: {pauses.report()})")
+    for text in bench.causes.report(skip=len(SHAPES), target_ms=2.0):
+        print(text)
 
     server = HttpServer(bench.service.app()).start()
     pods = [bench.new_pod(bench.rng.randrange(len(SHAPES))) for _ in range(args.pods)]
@@ -326,7 +473,8 @@ def main() -> None:
         f"{per_pod:.2f} ms mean, against {statistics.mean(samples['cpu']):.2f} ms in-process"
     )
     bench.service.stop_watching()
-    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"load average {os.getloadavg()[0]:.1f} at the end; peak RSS {peak:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -159,3 +159,30 @@ def test_a_moved_workload_answers_as_a_fresh_evaluation_would():
     assert moved != asked  # some node's answer did change
     for shape, answer in zip(SHAPES, moved, strict=True):
         assert answer == cluster.fresh(shape), shape
+
+
+def test_entries_renewed_by_a_move_serve_other_lists_and_follow_later_changes():
+    """A move renews the entries of the nodes whose state's answer changed in place:
+    a candidate list not asked before reads them, and a node that leaves such a state
+    and comes back is answered from the renewed answer."""
+    policy = LookaheadFgdPolicy()
+    cluster = Cluster(policy)
+    for shape in SHAPES:
+        said(cluster.shared, shape, cluster.names)
+    for _ in range(64):  # a workload of 11 GiB slices only
+        policy.observe(request(mem=11))
+    every_other = cluster.names[::2]
+    for shape in SHAPES:
+        priorities: list[dict] = cluster.fresh(shape)["priorities"]  # type: ignore[assignment]
+        expected = [p for p in priorities if p["Host"] in every_other]
+        assert said(cluster.shared, shape, every_other)["priorities"] == expected, shape
+    # Each of these nodes leaves its state for a moment and comes back to it: it is
+    # answered from the state's answer under the moved workload, not the one before.
+    for name in cluster.names[:6]:
+        assert cluster.place(name, f"brief-{name}", {"mem": 2})
+        for shape in SHAPES:
+            said(cluster.shared, shape, cluster.names)
+        for cache in (cluster.shared, cluster.alone[name]):
+            cache.forget(f"default/brief-{name}", f"uid-brief-{name}")
+        for shape in SHAPES:
+            assert said(cluster.shared, shape, cluster.names) == cluster.fresh(shape), shape

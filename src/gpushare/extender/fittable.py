@@ -271,8 +271,9 @@ class AnswerTable(FitTable[str, _Entry]):
 
     def rebase(self, epochs: Hashable) -> bool:
         """Takes the new epochs: the next `answers` evaluates each state again and
-        forgets the nodes whose answer changed, instead of every node being evaluated
-        afresh (scores are 0..10, so most answers survive a small move of a workload).
+        renews the entries of the nodes whose answer changed, instead of every node
+        being evaluated afresh (scores are 0..10, so most answers survive a small move
+        of a workload).
         Nodes evaluated alone are forgotten: their policy may have moved too."""
         self.epochs = epochs
         self._moved = True
@@ -288,8 +289,16 @@ class AnswerTable(FitTable[str, _Entry]):
             new = evaluation.again(state, template.view)
             if (new.score, new.refusal) == (template.fit.score, template.fit.refusal):
                 continue  # the same entries
-            for node in list(self._nodes_in[state]):
-                self.forget(node)  # the last one lets the state's template go
+            # The state's nodes are still in it (a node that changed was forgotten before
+            # this): each gets its entry from the new answer at once, as `_entry` would
+            # make it, rather than being forgotten, found in its state again and the
+            # state evaluated a second time (after a move that changes the answer of
+            # thousands of nodes, that was most of the request).
+            renewed = self._by_state[state] = _Template.of(template.view, new)
+            results = self.results
+            for node in self._nodes_in[state]:
+                results[node] = renewed.entry(node)
+            self.stale |= self._nodes_in[state]
 
     def _refresh(self, lookup: _Lookup, evaluation: Evaluation) -> bool:
         """Patches the entries of the nodes that changed; False when it cannot (the

@@ -251,6 +251,9 @@ def run(args: argparse.Namespace) -> int:
             return 1
         print(f"gpushare simulate: {len(trace.pods)} pods of {trace.source}: {args.write_pods}")
         return 0
+    if trace.requested <= 0:  # arrivals stop at a multiple of the GPU requested
+        print(f"gpushare simulate: {trace.source}: the pods request no GPU", file=sys.stderr)
+        return 2
     choices: list[PolicyChoice] = args.policies
     labels = ",".join(c.label for c in choices)
     print(

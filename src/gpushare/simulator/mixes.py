@@ -112,7 +112,7 @@ def _reweighted(
     inside = [p for p in gpu if chosen(p)]
     outside = [p for p in gpu if not chosen(p)]
     wanted = round(len(gpu) * percent / 100)
-    if (wanted and not inside) or (wanted < len(gpu) and not outside):
+    if not gpu or (wanted and not inside) or (wanted < len(gpu) and not outside):
         raise ValueError(f"the base pod list has no pods to draw {percent}% of its GPU pods from")
     return [*cpu_only, *rng.choices(inside, k=wanted), *rng.choices(outside, k=len(gpu) - wanted)]
 
@@ -121,6 +121,8 @@ def _pinned(
     pods: Sequence[TracePod], nodes: Sequence[TraceNode], percent: int, rng: random.Random
 ) -> list[TracePod]:
     gpu_index = [i for i, p in enumerate(pods) if p.num_gpu]
+    if not gpu_index:
+        raise ValueError("the base pod list has no GPU pods to pin")
     pinned = set(rng.sample(gpu_index, round(len(gpu_index) * percent / 100)))
     result = list(pods)
     for i in sorted(pinned):  # sorted: the draws below must not follow set order

@@ -24,6 +24,10 @@ Device = tuple[int, int, int, bool, bool]
 whole, open). `whole`: free of pods (exclusive tasks need it); `open`: may take
 one more sharing pod."""
 
+STRANDED_MAX_GPUS = 1
+"""Stranding counts the copies of single-GPU tasks only. A multi-GPU task's copies are
+whole blocks of a node, which F already judges; counting them too made the policy
+break up whole nodes (measured on the multigpu50 mix, docs/placement.md#workload-mixes)."""
 MEMO_LIMIT = 500_000
 """Memo entries kept before the memo starts over (bounds the extender's memory)."""
 
@@ -174,8 +178,11 @@ class Fragmentation:
     """F of nodes for one target workload. Not thread-safe (the memo); the extender
     serialises placement, and each simulator run has its own."""
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, other_models: bool = True) -> None:
         self.workload = workload
+        self._other_models = other_models
+        """Whether a task pinned to other GPU models counts the node's free GPU as
+        fragment (FGD's definition), or does not count on the node at all."""
         grouped: dict[_GpuPart, list[_Member]] = {}
         self._gpu_free_weight = 0.0
         for shape, p in workload.tasks:
@@ -235,6 +242,8 @@ class Fragmentation:
             copies = self._copies[ordered] = tuple(g.copies(ordered) for g in self._groups)
         total = 0.0
         for group, (count, each) in zip(self._groups, copies, strict=True):
+            if group.gpus > STRANDED_MAX_GPUS:
+                continue
             for p, cpu, _ in group.members:
                 if cpu:
                     total += p * max(count - cpu_free // cpu, 0) * each
@@ -318,6 +327,8 @@ class Fragmentation:
                     unusable += d[0]
             gpu_fits = fitting >= group.gpus
             for p, cpu, spec in group.members:
+                if not self._other_models and spec is not None and not models <= spec:
+                    continue
                 fits = (
                     gpu_fits
                     and (cpu is None or cpu_free is None or cpu_free >= cpu)

@@ -38,6 +38,7 @@ OCCUPIED_BONUS = 0.5
 
 class LookaheadFgdPolicy(WorkloadAwarePolicy):
     name = "fgd-lookahead"
+    other_models = False
     cpu_weight: ClassVar[float] = 0.15
     """Weight of stranded-GPU growth against F's growth (0.1-0.25 measured best)."""
 

@@ -25,7 +25,13 @@ import time
 from pathlib import Path
 
 from gpushare.cli.main import main as gpushare
+from gpushare.cli.simulate import default_trace_dir
 from gpushare.placement.policies import OUR_POLICY
+from gpushare.placement.workload import LearnedWorkload, TaskShape
+from gpushare.simulator.arrival import arrivals
+from gpushare.simulator.mixes import MIXES, generate
+from gpushare.simulator.run import distribution
+from gpushare.simulator.trace import Trace, load
 
 BUDGET_S = 300
 CALIBRATION = {"fgd": (4.6, 4.95), "bestfit": (6.9, 7.4)}
@@ -103,6 +109,32 @@ def run_mixes(names: list[str], seeds: str, workers: int | None, out: Path) -> N
     report_mixes(names, out)
 
 
+def mix_trace(name: str) -> Trace:
+    traces = default_trace_dir()
+    trace = load(traces / "openb_node_list_gpu_node.csv", traces / "openb_pod_list_default.csv")
+    return trace if name == "default" else generate(trace, MIXES[name])
+
+
+def convergence(name: str, seed: int, checkpoints: tuple[int, ...] = (100, 1000)) -> str:
+    """How close the workload the extender learns online (LearnedWorkload, from its
+    prior, not told the mix) comes to the mix's own pod distribution: total variation
+    distance after so many pods and after all arrivals, in the seed's order. (The
+    prior's shapes are fractions of any GPU, never the trace's own: its distance is 1.)"""
+    trace = mix_trace(name)
+    truth = distribution(trace)
+    learner = LearnedWorkload()
+    adopted, seen = 0, []
+    pods = arrivals(trace, seed).pods
+    for number, pod in enumerate(pods, start=1):
+        adopted += learner.observe(TaskShape.of(pod.request()))
+        if number in checkpoints:
+            seen.append(f"after {number} pods {learner.current.distance(truth):.3f}")
+    return (
+        f"learned workload vs the mix's (total variation, seed {seed}): {', '.join(seen)}, "
+        f"after all {len(pods)} {learner.current.distance(truth):.3f}; adopted {adopted} times"
+    )
+
+
 def report_mixes(names: list[str], out: Path) -> None:
     """Per mix: each policy's unallocated % at 100% arrived (mean [min-max] over seeds)
     and its difference from fgd; then the issue's two targets for the default policy."""
@@ -124,6 +156,7 @@ def report_mixes(names: list[str], out: Path) -> None:
                 f"  {label:24} {at['mean']:5.2f} [{at['min']:.2f}-{at['max']:.2f}]  "
                 f"vs fgd {diff:+.2f} ({100 * diff / fgd['mean']:+.1f}%)  seeds {per_seed}"
             )
+        print(f"  {convergence(name, policies['fgd']['seeds'][0])}")
         ours = policies[DEFAULT_LEARNED]["unallocated_pct"]["100"]["mean"]
         gains.append((name, 1 - ours / fgd["mean"], ours <= fgd["mean"]))
     if not gains:

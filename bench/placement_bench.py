@@ -151,7 +151,7 @@ def report_mixes(names: list[str], out: Path) -> None:
         for label in MIX_POLICIES:
             at = policies[label]["unallocated_pct"]["100"]
             diff = at["mean"] - fgd["mean"]
-            per_seed = " ".join(f"{v:.2f}" for v in at["per_seed"])
+            per_seed = " ".join(f"{v:.2f}" for v in at["per_seed"].values())
             print(
                 f"  {label:24} {at['mean']:5.2f} [{at['min']:.2f}-{at['max']:.2f}]  "
                 f"vs fgd {diff:+.2f} ({100 * diff / fgd['mean']:+.1f}%)  seeds {per_seed}"

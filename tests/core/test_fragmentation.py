@@ -7,6 +7,7 @@ from gpushare.placement.bestfit import BestFitPolicy
 from gpushare.placement.fgd import FgdPolicy
 from gpushare.placement.fit import Placement, evaluate, to_allocation
 from gpushare.placement.fragmentation import Fragmentation, devices, free_milli, models
+from gpushare.placement.lookahead import LookaheadFgdPolicy
 from gpushare.placement.workload import TaskShape, Workload
 from gpushare.request import ContainerRequest, ContainerRole, PodRequest
 from gpushare.state import NodeState
@@ -79,6 +80,27 @@ def test_a_full_node_has_no_fragmentation_and_a_wrong_model_is_all_fragment():
     assert frag.of_view(full.view()) == 0
     picky = Workload(((TaskShape(gpus=1, mem=100, core=100, gpu_spec=frozenset({"A100"})), 1.0),))
     assert Fragmentation(picky).of_view(milli_node(gpus=2, model="T4").view()) == 2000
+
+
+def test_without_other_models_a_task_pinned_elsewhere_does_not_count_on_the_node():
+    # Half the workload is pinned to A100, half takes any model: on a T4 node with 2 free
+    # GPUs, FGD's F counts all 2000 free as fragment for the pinned half (1000); left out,
+    # only the other half counts, and a 100-milli task fits there (0).
+    mixed = Workload(
+        (
+            (TaskShape(gpus=1, mem=100, core=100, gpu_spec=frozenset({"A100"})), 0.5),
+            (TaskShape(gpus=1, mem=100, core=100), 0.5),
+        )
+    )
+    t4 = milli_node(gpus=2, model="T4").view()
+    assert Fragmentation(mixed).of_view(t4) == 1000
+    assert Fragmentation(mixed, other_models=False).of_view(t4) == 0
+    # On its own model the pinned task counts as before: it fits, so nothing.
+    a100 = milli_node(gpus=2, model="A100").view()
+    assert Fragmentation(mixed, other_models=False).of_view(a100) == 0
+    # fgd keeps the paper's definition; fgd-lookahead leaves other models' tasks out.
+    assert FgdPolicy(mixed).fragmentation.of_view(t4) == 1000
+    assert LookaheadFgdPolicy(mixed).fragmentation.of_view(t4) == 0
 
 
 def test_fgd_tries_every_gpu_for_a_slice_and_keeps_the_best_score():

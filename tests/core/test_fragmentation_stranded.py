@@ -46,24 +46,27 @@ def test_nodes_without_cpu_tracking_and_tasks_without_cpu_strand_nothing():
     assert no_cpu.stranded(0, gpus) == 0
 
 
-def test_whole_and_multi_gpu_copies_take_all_their_gpus():
-    # GPU 0 holds a pod; GPUs 1-3 are whole. A 2-GPU exclusive task (4 CPUs): 3 whole GPUs
-    # hold one copy, 2000 milli. A 2-GPU task of 700 milli on each (2 CPUs): 3 GPUs have
-    # 700 free, one copy again, 1400 milli. 1 CPU left runs neither:
-    # stranded = .5 * 1 * 2000 + .5 * 1 * 1400 = 1700.
+def test_whole_gpu_copies_take_their_gpu_and_multi_gpu_tasks_strand_nothing():
+    # GPU 0 holds a pod; GPUs 1-3 are whole. A whole-GPU task (2 CPUs): 3 copies of 1000
+    # milli; 1 CPU left runs none: .5 * 3 * 1000. A 2-GPU task's copies are whole blocks
+    # of the node, which F already judges: stranding leaves it out (counting it broke up
+    # the nodes multi-GPU pods need, docs/placement.md#workload-mixes).
     frag = Fragmentation(
         Workload(
             (
-                (TaskShape(gpus=2, exclusive=True, cpu_milli=4000), 0.5),
-                (TaskShape(gpus=2, mem=700, core=700, cpu_milli=2000), 0.5),
+                (TaskShape(gpus=1, exclusive=True, cpu_milli=2000), 0.5),
+                (TaskShape(gpus=2, exclusive=True, cpu_milli=4000), 0.25),
+                (TaskShape(gpus=2, mem=700, core=700, cpu_milli=2000), 0.25),
             )
         )
     )
     state = slice_of_400_on_gpu_0(gpus=4)
-    assert frag.stranded(1000, devices(state.view())) == pytest.approx(1700)
-    # GPU 1 taken: GPUs 2 and 3 still hold one copy of each.
+    assert frag.stranded(1000, devices(state.view())) == pytest.approx(1500)
+    # GPU 1 taken: 2 whole GPUs left.
     place(state, sharing(1000), "b")
-    assert frag.stranded(1000, devices(state.view())) == pytest.approx(1700)
+    assert frag.stranded(1000, devices(state.view())) == pytest.approx(1000)
+    # 2 CPUs run one copy.
+    assert frag.stranded(2000, devices(state.view())) == pytest.approx(500)
     # With every GPU taken there is nothing left to strand.
     for key in ("c", "d"):
         place(state, sharing(1000), key)

@@ -4,7 +4,7 @@ import pytest
 
 from gpushare.labels import NodeMode
 from gpushare.request import ContainerRole
-from gpushare.simulator.trace import PodClass, TraceError, load
+from gpushare.simulator.trace import PodClass, TraceError, load, pod_rows
 from tests.simulator.traces import NODES_CSV, PODS_CSV, tiny, write
 
 
@@ -197,3 +197,37 @@ def test_a_nodes_gpus_are_anonymous_binpacked_and_keep_an_empty_model(tmp_path):
 def test_a_trace_says_which_files_it_came_from(tmp_path):
     trace = tiny(tmp_path, [("n1", 1, 1, 1, "T4")], [("p", 1, 1, 1, 10, "")])
     assert trace.source == "nodes.csv + pods.csv"
+
+
+def test_a_pod_list_without_gpu_spec_or_the_other_optional_columns_reads(tmp_path):
+    # Some lists of the public trace family have only these five columns.
+    nodes, pods = write(tmp_path, [("n1", 8000, 8192, 2, "T4")], [])
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\n")
+    [pod] = load(nodes, pods).pods
+    assert (pod.num_gpu, pod.gpu_milli, pod.gpu_spec) == (1, 500, None)
+    assert pod.request().gpu_spec is None  # any GPU model
+
+
+@pytest.mark.parametrize("column", ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"])
+def test_a_required_pod_column_is_still_refused_by_name(tmp_path, column):
+    nodes, pods = write(tmp_path, [("n1", 8000, 8192, 2, "T4")], [])
+    header = [c for c in ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli") if c != column]
+    pods.write_text(",".join(header) + "\n" + ",".join("1" for _ in header) + "\n")
+    with pytest.raises(TraceError) as refused:
+        load(nodes, pods)
+    assert str(refused.value).startswith(f"{pods}: missing column(s) {column}; ")
+
+
+def test_pod_rows_read_back_as_the_same_pods(tmp_path):
+    trace = tiny(
+        tmp_path,
+        [("n1", 8000, 8192, 2, "T4")],
+        [
+            ("a", 1000, 1024, 1, 500, "T4|P100"),
+            ("b", 2000, 2048, 0, 0, ""),
+            ("c", 1, 2, 2, 1000, ""),
+        ],
+    )
+    written = tmp_path / "again.csv"
+    written.write_text(pod_rows(trace.pods))
+    assert load(tmp_path / "nodes.csv", written).pods == trace.pods

@@ -7,6 +7,12 @@ taken after every pod. The policies are the extender's own (gpushare.placement.p
 Workload-aware policies (fgd and ours) use the trace's target workload by
 default, as the paper does; add @learned to a name to have it learn the workload
 online from the pods it sees, as it does in the extender.
+
+--mix NAME replays a workload mix instead of the pod list as it is: the FGD
+paper's variants (more sharing pods, more multi-GPU pods, GPU-model-constrained
+pods, more or fewer CPU-only pods), drawn from --pods with --mix-seed
+(docs/placement.md#workload-mixes). --write-pods FILE writes the pod list a run
+would use and exits; `--pods FILE` then replays exactly that list.
 """
 
 import argparse
@@ -23,9 +29,11 @@ from tqdm import tqdm
 
 from gpushare.placement.policies import OUR_POLICY
 from gpushare.simulator.arrival import DEFAULT_SEEDS, INFLATION
+from gpushare.simulator.mixes import DEFAULT_MIX_SEED, MIXES, Mix, generate
+from gpushare.simulator.mixes import parse as parse_mix
 from gpushare.simulator.report import summarise, table, to_json
 from gpushare.simulator.run import PolicyChoice, RunResult, simulate
-from gpushare.simulator.trace import Trace, TraceError, load
+from gpushare.simulator.trace import Trace, TraceError, load, pod_rows
 from gpushare.table import render
 
 DEFAULT_POLICIES = (OUR_POLICY, "fgd", "bestfit")
@@ -55,8 +63,27 @@ def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
         "--pods",
         type=Path,
         default=traces / "openb_pod_list_default.csv",
-        help="pod list CSV (columns name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec; "
-        "default: the repository's data/openb copy)",
+        help="pod list CSV (columns name,cpu_milli,memory_mib,num_gpu,gpu_milli and "
+        "optionally gpu_spec; default: the repository's data/openb copy)",
+    )
+    parser.add_argument(
+        "--mix",
+        type=_mix,
+        metavar="NAME",
+        help="replay a workload mix drawn from --pods instead of --pods as it is: "
+        f"{', '.join(MIXES)}",
+    )
+    parser.add_argument(
+        "--mix-seed",
+        type=int,
+        default=DEFAULT_MIX_SEED,
+        help="seed the mix is drawn with; the same seed gives the same pods (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--write-pods",
+        type=Path,
+        metavar="FILE",
+        help="write the pod list the runs would use (after --mix) as an openb CSV and exit",
     )
     parser.add_argument(
         "--policies",
@@ -110,6 +137,13 @@ def _policies(text: str) -> list[PolicyChoice]:
     return choices
 
 
+def _mix(text: str) -> Mix:
+    try:
+        return parse_mix(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _seeds(text: str) -> list[int]:
     seeds: list[int] = []
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -131,9 +165,9 @@ def _seeds(text: str) -> list[int]:
 _TRACE: Trace | None = None
 
 
-def _load_worker(nodes: Path, pods: Path) -> None:
+def _set_trace(trace: Trace) -> None:
     global _TRACE
-    _TRACE = load(nodes, pods)
+    _TRACE = trace
 
 
 def _run_one(job: tuple[PolicyChoice, int, float]) -> RunResult:
@@ -143,20 +177,16 @@ def _run_one(job: tuple[PolicyChoice, int, float]) -> RunResult:
 
 
 def run_all(
-    trace: Trace,
-    nodes: Path,
-    pods: Path,
-    jobs: Sequence[tuple[PolicyChoice, int, float]],
-    workers: int,
+    trace: Trace, jobs: Sequence[tuple[PolicyChoice, int, float]], workers: int
 ) -> Iterator[RunResult]:
     """Every run, in the order they finish; in this process when one worker suffices."""
     if workers <= 1 or len(jobs) <= 1:
-        global _TRACE
-        _TRACE = trace
+        _set_trace(trace)
         yield from map(_run_one, jobs)
         return
+    # The trace travels to each worker once (a mix is not a file it could read).
     with get_context("spawn").Pool(
-        min(workers, len(jobs)), initializer=_load_worker, initargs=(nodes, pods)
+        min(workers, len(jobs)), initializer=_set_trace, initargs=(trace,)
     ) as pool:
         yield from pool.imap_unordered(_run_one, jobs)
 
@@ -190,7 +220,11 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+    for flag, path in (
+        ("--json", args.json),
+        ("--plot", args.plot),
+        ("--write-pods", args.write_pods),
+    ):
         problem = _unwritable(path) if path else None
         if problem:
             # Said now, not after minutes of simulation.
@@ -201,6 +235,25 @@ def run(args: argparse.Namespace) -> int:
     except TraceError as err:  # a file that cannot be read or parsed: the run cannot start
         print(f"gpushare simulate: {err}", file=sys.stderr)
         return 1
+    if args.mix is not None:
+        try:
+            trace = generate(trace, args.mix, args.mix_seed)
+        except ValueError as err:  # the pod list lacks the pods the mix draws from
+            print(f"gpushare simulate: --mix {args.mix.name}: {err}", file=sys.stderr)
+            return 2
+    if args.write_pods is not None:
+        try:
+            args.write_pods.write_text(pod_rows(trace.pods))
+        except OSError as err:
+            print(
+                f"gpushare simulate: cannot write {err.filename}: {err.strerror}", file=sys.stderr
+            )
+            return 1
+        print(f"gpushare simulate: {len(trace.pods)} pods of {trace.source}: {args.write_pods}")
+        return 0
+    if trace.requested <= 0:  # arrivals stop at a multiple of the GPU requested
+        print(f"gpushare simulate: {trace.source}: the pods request no GPU", file=sys.stderr)
+        return 2
     choices: list[PolicyChoice] = args.policies
     labels = ",".join(c.label for c in choices)
     print(
@@ -214,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     results: list[RunResult] = []
     with tqdm(total=len(jobs), unit="run", disable=args.no_progress, file=sys.stderr) as bar:
-        for result in run_all(trace, args.nodes, args.pods, jobs, args.workers):
+        for result in run_all(trace, jobs, args.workers):
             results.append(result)
             bar.set_postfix_str(f"{result.policy} seed {result.seed}")
             bar.update()

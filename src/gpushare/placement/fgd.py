@@ -43,6 +43,9 @@ class WorkloadAwarePolicy(PlacementPolicy):
 
     coverage: ClassVar[float] = COVERAGE
     nameless = True
+    other_models: ClassVar[bool] = True
+    """Whether F counts a node's free GPU as fragment for tasks pinned to other GPU
+    models (FGD's definition; see Fragmentation)."""
 
     def __init__(self, workload: Workload | None = None) -> None:
         self._learner = LearnedWorkload() if workload is None else None
@@ -69,7 +72,7 @@ class WorkloadAwarePolicy(PlacementPolicy):
         return distribution.typical_part(self.coverage)
 
     def _use(self, distribution: Workload) -> None:
-        self.fragmentation = Fragmentation(self.target(distribution))
+        self.fragmentation = Fragmentation(self.target(distribution), self.other_models)
 
     def observe(self, request: PodRequest) -> None:
         if self._learner is not None and self._learner.observe(TaskShape.of(request)):

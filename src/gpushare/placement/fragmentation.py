@@ -24,6 +24,10 @@ Device = tuple[int, int, int, bool, bool]
 whole, open). `whole`: free of pods (exclusive tasks need it); `open`: may take
 one more sharing pod."""
 
+STRANDED_MAX_GPUS = 1
+"""Stranding counts the copies of single-GPU tasks only. A multi-GPU task's copies are
+whole blocks of a node, which F already judges; counting them too made the policy
+break up whole nodes (measured on the multigpu50 mix, docs/placement.md#workload-mixes)."""
 MEMO_LIMIT = 500_000
 """Memo entries kept before the memo starts over (bounds the extender's memory)."""
 
@@ -114,16 +118,13 @@ class _Group:
     """(popularity, CPU, accepted models) of each task of the group."""
 
     def copies(self, devices: Sequence[Device]) -> tuple[int, float]:
-        """How many copies of the task the GPUs hold at once, and the milli-GPU each
-        takes (averaged over the GPUs that would hold them)."""
+        """How many copies of the task (a single-GPU one) the GPUs hold at once, and the
+        milli-GPU each takes (averaged over the GPUs that would hold them)."""
         fitting = [d for d in devices if self.fits(d)]
-        if len(fitting) < self.gpus:
+        if not fitting:
             return 0, 0.0  # pragma: no mutate: no copy fits: what one would take never counts
         if self.exclusive:
-            return len(fitting) // self.gpus, float(MILLI * self.gpus)
-        if self.gpus > 1:  # one slice on each of several GPUs
-            each = sum(self._slice(d) for d in fitting) / len(fitting)
-            return len(fitting) // self.gpus, each * self.gpus
+            return len(fitting), float(MILLI)
         count, amount = 0, 0.0
         for d in fitting:  # a GPU the task fits on holds at least one copy
             n = d[0] // self.mem if self.fraction else d[1] // self.mem
@@ -174,8 +175,11 @@ class Fragmentation:
     """F of nodes for one target workload. Not thread-safe (the memo); the extender
     serialises placement, and each simulator run has its own."""
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, other_models: bool = True) -> None:
         self.workload = workload
+        self._other_models = other_models
+        """Whether a task pinned to other GPU models counts the node's free GPU as
+        fragment (FGD's definition), or does not count on the node at all."""
         grouped: dict[_GpuPart, list[_Member]] = {}
         self._gpu_free_weight = 0.0
         for shape, p in workload.tasks:
@@ -186,6 +190,7 @@ class Fragmentation:
         self._groups = tuple(
             _Group(*part, members=tuple(members)) for part, members in grouped.items()
         )
+        self._strand_groups = tuple(g for g in self._groups if g.gpus <= STRANDED_MAX_GPUS)
         self._cpu_steps = sorted(
             {s.cpu_milli for s, _ in workload.tasks if s.cpu_milli is not None and s.gpus}
         )
@@ -217,9 +222,9 @@ class Fragmentation:
         return value
 
     def stranded(self, cpu_free: int | None, devices: Iterable[Device]) -> float:
-        """Free GPU the CPU left cannot feed: sum over tasks t of p_t times the milli-GPU
-        of the copies of t the GPUs could hold beyond the floor(cpu / cpu_t) the CPU
-        can run. It looks past the next pod: a node whose CPU runs out before its GPUs
+        """Free GPU the CPU left cannot feed: sum over single-GPU tasks t of p_t times the
+        milli-GPU of the copies of t the GPUs could hold beyond the floor(cpu / cpu_t) the
+        CPU can run. It looks past the next pod: a node whose CPU runs out before its GPUs
         do strands them, though each task alone still fits. 0 where CPU is not tracked."""
         if cpu_free is None:
             return 0.0
@@ -232,9 +237,9 @@ class Fragmentation:
         if copies is None:
             if len(self._copies) >= MEMO_LIMIT:  # pragma: no mutate: a bound on memory only
                 self._copies.clear()
-            copies = self._copies[ordered] = tuple(g.copies(ordered) for g in self._groups)
+            copies = self._copies[ordered] = tuple(g.copies(ordered) for g in self._strand_groups)
         total = 0.0
-        for group, (count, each) in zip(self._groups, copies, strict=True):
+        for group, (count, each) in zip(self._strand_groups, copies, strict=True):
             for p, cpu, _ in group.members:
                 if cpu:
                     total += p * max(count - cpu_free // cpu, 0) * each
@@ -318,6 +323,8 @@ class Fragmentation:
                     unusable += d[0]
             gpu_fits = fitting >= group.gpus
             for p, cpu, spec in group.members:
+                if not self._other_models and spec is not None and not models <= spec:
+                    continue
                 fits = (
                     gpu_fits
                     and (cpu is None or cpu_free is None or cpu_free >= cpu)

@@ -15,6 +15,11 @@ see cost GPUs in the openb replay (docs/placement.md#the-benchmark), and this po
   three of those GPUs will never be used. `Fragmentation.stranded` counts, per task
   of the workload, the GPU its copies could fill beyond what the CPU left can feed.
   Its growth is added to F's, weighted by `cpu_weight`.
+* Tasks pinned to other GPU models. FGD's F counts all of a node's free GPU as
+  fragment for them; that term only shrinks as the node fills, most on the scarce
+  models' nodes, so FGD steers unpinned pods onto the nodes pinned pods need (on the
+  gpuspec33 mix it left more GPUs unallocated than binpack). Here F leaves them out
+  (`other_models = False`; docs/placement.md#workload-mixes).
 * Which of equally good nodes to use. Scores stay FGD's integer steps (coarse steps
   make the scheduler fill the same nodes first, which measured far better than
   finer scores); among equal steps a node whose GPUs already hold pods wins over
@@ -38,6 +43,7 @@ OCCUPIED_BONUS = 0.5
 
 class LookaheadFgdPolicy(WorkloadAwarePolicy):
     name = "fgd-lookahead"
+    other_models = False  # see the module docstring: tasks pinned to other models
     cpu_weight: ClassVar[float] = 0.15
     """Weight of stranded-GPU growth against F's growth (0.1-0.25 measured best)."""
 

@@ -1,8 +1,10 @@
 """The openb trace format (Alibaba cluster-trace-gpu-v2023): a node list and a pod list.
 
 Columns used: nodes `sn,cpu_milli,memory_mib,gpu,model`; pods
-`name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec` (others are ignored, as in
-the FGD paper's simulator). Each node and pod becomes the core's own types: a node
+`name,cpu_milli,memory_mib,num_gpu,gpu_milli` and, where present, `gpu_spec`
+(others are ignored, as in the FGD paper's simulator). Some pod lists of the
+public trace family have no `gpu_spec` column: their pods take any GPU model,
+as an empty `gpu_spec` does. Each node and pod becomes the core's own types: a node
 of `gpu` GPUs of 1000 milli-GPU (memory and compute alike), a pod asking m milli of
 one GPU (a shared slice) or k whole GPUs (exclusive).
 """
@@ -23,7 +25,10 @@ UNBOUNDED_PODS_PER_GPU = 1_000_000
 """The pods-per-GPU limit is a Kubernetes rule; the trace's cluster has none."""
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
-POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+"""The pod list's required columns."""
+POD_OPTIONAL_COLUMNS = ("gpu_spec",)
+"""Read where present; missing, a pod may take any GPU model."""
 
 
 class TraceError(ValueError):
@@ -208,7 +213,7 @@ def _read_pods(path: Path) -> list[TracePod]:
                 f"{path}:{number}: gpu_milli must be in 1..{MILLI_PER_GPU} for a pod "
                 f"with num_gpu={num_gpu}, got {gpu_milli}"
             )
-        spec = frozenset(m.strip() for m in (row["gpu_spec"] or "").split("|") if m.strip())
+        spec = frozenset(m.strip() for m in (row.get("gpu_spec") or "").split("|") if m.strip())
         pods.append(
             TracePod(
                 name=row["name"].strip(),
@@ -220,3 +225,15 @@ def _read_pods(path: Path) -> list[TracePod]:
             )
         )
     return pods
+
+
+def pod_rows(pods: tuple[TracePod, ...]) -> str:
+    """The pods as an openb pod list (the columns `load` reads), so a generated mix can
+    be kept, read back with --pods, and compared with the paper's files."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow((*POD_COLUMNS, *POD_OPTIONAL_COLUMNS))
+    for p in pods:
+        spec = "|".join(sorted(p.gpu_spec or ()))
+        writer.writerow((p.name, p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, spec))
+    return out.getvalue()

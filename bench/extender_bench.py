@@ -409,6 +409,13 @@ def main() -> None:
     parser.add_argument(
         "--policy", default="fgd-lookahead", help="the extender's default placement policy"
     )
+    parser.add_argument(
+        "--settle",
+        type=int,
+        default=1000,
+        help="pods placed (unmeasured) after the first stream before a second one is "
+        "measured, once what the policy learns has settled (0: no second stream)",
+    )
     args = parser.parse_args()
     load = os.getloadavg()[0]
     print(f"machine: {os.cpu_count()} CPUs, load average {load:.1f} at start")
@@ -440,6 +447,13 @@ def main() -> None:
     print(f"  (full garbage collections during the stream: {pauses.report()})")
     for text in bench.causes.report(skip=len(SHAPES), target_ms=2.0):
         print(text)
+    if args.settle > 0:
+        # The first stream starts with the extender: the learned workload moves several
+        # times in it. A long-running extender mostly sees this second one.
+        bench.stream(args.settle, bench.in_process)
+        settled = bench.stream(args.pods, bench.in_process)
+        print(line(f"in-process, after {args.settle} more pods, wall", settled["wall"]))
+        print(line(f"in-process, after {args.settle} more pods, CPU", settled["cpu"]))
 
     server = HttpServer(bench.service.app()).start()
     pods = [bench.new_pod(bench.rng.randrange(len(SHAPES))) for _ in range(args.pods)]

@@ -173,26 +173,27 @@ class Evaluation(Protocol):
         """The node's answer, evaluated for it alone."""
 
 
-class _Template(NamedTuple):
-    """A state's answer, ready to become any node's entry in it."""
+class _Answer(NamedTuple):
+    """A node's answer, ready to become its entry (or, for a state's answer, the entry of
+    any node in that state)."""
 
-    view: NodeView
     fit: NodeFit
     score: str
     """`,"Score":n}`: the end of a priority."""
     reason: str | None
-    """The refusal as JSON, ANONYMOUS (as JSON) where the node's name goes."""
+    """The refusal as JSON; ANONYMOUS (as JSON) where the node's name goes in a state's."""
 
     @classmethod
-    def of(cls, view: NodeView, fit: NodeFit) -> "_Template":
+    def of(cls, fit: NodeFit) -> "_Answer":
         reason = None
         if fit.refusal is not None:
             reason = orjson.dumps(for_scheduler(str(fit.refusal))).decode()
-        return cls(view, fit, f',"Score":{fit.score}}}', reason)
+        return cls(fit, f',"Score":{fit.score}}}', reason)
 
     def entry(self, name: str) -> _Entry:
-        """What _put makes of the node's own refusal: JSON and for_scheduler change a
-        text character by character, so the name can go in after both."""
+        """The node's entry; in a state's refusal the node's name goes in place of
+        ANONYMOUS (JSON and for_scheduler change a text character by character, so the
+        name can go in after both)."""
         key = orjson.dumps(name).decode()
         priority = '{"Host":' + key + self.score
         if self.reason is None:
@@ -211,7 +212,7 @@ class AnswerTable(FitTable[str, _Entry]):
 
     def __init__(self, position: int, epochs: Hashable) -> None:
         super().__init__(position, epochs)
-        self._by_state: dict[State, _Template] = {}
+        self._by_state: dict[State, tuple[NodeView, _Answer]] = {}
         """The answer for each state a node may be in, whatever the node: most nodes
         of a large cluster are in one of a few states, so a first look evaluates
         those few states rather than every node."""
@@ -249,15 +250,16 @@ class AnswerTable(FitTable[str, _Entry]):
         state = evaluation.state(name)
         if state is None:
             return self._put(name, evaluation.of_node(name))
-        template = self._by_state.get(state)
-        if template is None:
-            template = self._by_state[state] = _Template.of(*evaluation.of_state(state, name))
+        known = self._by_state.get(state)
+        if known is None:
+            view, fit = evaluation.of_state(state, name)
+            known = self._by_state[state] = (view, _Answer.of(fit))
         self._state_of[name] = state
         nodes = self._nodes_in.get(state)
         if nodes is None:
             nodes = self._nodes_in[state] = set()
         nodes.add(name)
-        entry = self.results[name] = template.entry(name)
+        entry = self.results[name] = known[1].entry(name)
         return entry
 
     def forget(self, node: str) -> None:
@@ -285,16 +287,17 @@ class AnswerTable(FitTable[str, _Entry]):
         self._moved = False
         for node in [n for n in self.results if n not in self._state_of]:
             self.forget(node)
-        for state, template in list(self._by_state.items()):
-            new = evaluation.again(state, template.view)
-            if (new.score, new.refusal) == (template.fit.score, template.fit.refusal):
+        for state, (view, answer) in list(self._by_state.items()):
+            new = evaluation.again(state, view)
+            if (new.score, new.refusal) == (answer.fit.score, answer.fit.refusal):
                 continue  # the same entries
             # The state's nodes are still in it (a node that changed was forgotten before
             # this): each gets its entry from the new answer at once, as `_entry` would
             # make it, rather than being forgotten, found in its state again and the
             # state evaluated a second time (after a move that changes the answer of
             # thousands of nodes, that was most of the request).
-            renewed = self._by_state[state] = _Template.of(template.view, new)
+            renewed = _Answer.of(new)
+            self._by_state[state] = (view, renewed)
             results = self.results
             for node in self._nodes_in[state]:
                 results[node] = renewed.entry(node)
@@ -322,20 +325,5 @@ class AnswerTable(FitTable[str, _Entry]):
         return True
 
     def _put(self, name: str, fit: NodeFit) -> _Entry:
-        key = orjson.dumps(name).decode()
-        priority = f'{{"Host":{key},"Score":{fit.score}}}'
-        entry: _Entry
-        if fit.refusal is None:
-            entry = (key, None, None, None, priority)
-        else:
-            reason = f"{key}:{orjson.dumps(for_scheduler(str(fit.refusal))).decode()}"
-            resolvable = fit.refusal.rule.resolvable
-            entry = (
-                None,
-                fit.refusal.rule.value,
-                reason if resolvable else None,
-                None if resolvable else reason,
-                priority,
-            )
-        self.results[name] = entry
+        entry = self.results[name] = _Answer.of(fit).entry(name)
         return entry

@@ -68,8 +68,8 @@ OUR_POLICY = LookaheadFgdPolicy.name
 
 DEFAULT_PLACEMENT = OUR_POLICY
 """The extender's policy where neither a pod annotation nor a node label names one: it
-leaves fewer GPUs unallocated than FGD on every measured workload mix and costs about
-what binpack costs per pod (docs/placement.md)."""
+leaves no more GPUs unallocated than FGD on every measured workload mix (fewer on all
+but one) and costs about what binpack costs per pod (docs/placement.md)."""
 
 
 def build(registry: Mapping[str, PolicyFactory] = POLICIES) -> dict[str, PlacementPolicy]:

@@ -137,10 +137,12 @@ class IsolationAgent:
         try:
             self.tick()
         except Exception as err:
-            self.metrics.seen(self._gpus, healthy=False)
-            if str(err) != self._failing:
+            failing = str(err) or type(err).__name__  # never empty: it says we are failing
+            if not self._failing:  # health changes on a tick's failure or recovery only
+                self.metrics.seen(self._gpus, healthy=False)
+            if failing != self._failing:
                 log.exception("tick failed; every container runs freely until a tick works")
-            self._failing = str(err)
+            self._failing = failing
             try:
                 self._backend.hold(frozenset())
                 if self._pacer is not None:
@@ -149,8 +151,8 @@ class IsolationAgent:
                 log.debug("thawing after a failed tick failed too", exc_info=True)
             self._frozen = frozenset()
         else:
-            self.metrics.seen(self._gpus, healthy=True)
             if self._failing:
+                self.metrics.seen(self._gpus, healthy=True)
                 log.info("ticks work again; isolation enforced")
             self._failing = ""
 

@@ -327,6 +327,15 @@ def make(out: Path, with_image: bool) -> Release:
         raise ReleaseError(reason)
     names = Names(project_version())
     prepare(out)
+    try:
+        return _make(names, out, with_image)
+    except BaseException:
+        # No half release: what is left in --out is always a whole one, or nothing.
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _make(names: Names, out: Path, with_image: bool) -> Release:
     log(f"version {names.version} into {out}")
     wheel = python_distributions(names, out)
     log(f"{wheel.name}, {names.sdist}")

@@ -274,7 +274,7 @@ def notes_text(names: Names, files: Sequence[Path], oci: OciImage | None) -> str
             "load the archive on each node, or push it to yours."
         )
         load = (
-            f"sudo ctr -n k8s.io images import {names.image}     # on each GPU node\n"
+            f"sudo ctr -n k8s.io images import {names.image}     # on every node\n"
             f"# or: kind load image-archive {names.image} --name CLUSTER\n"
             f"# or: skopeo copy oci-archive:{names.image} docker://REGISTRY/gpushare:"
             f"{names.version}  (then --set image.repository=REGISTRY/gpushare)\n"

@@ -118,6 +118,7 @@ class ChartCluster(LocalCluster):
             pull_policy="IfNotPresent",
             kill_containers=self.kill_containers,
             installed_at=self.installed_at,
+            own_image=self.artifacts.image_reference if self.artifacts else "",
         )
 
     def kill_containers(self, pod: dict[str, Any]) -> list[str]:

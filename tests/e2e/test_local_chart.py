@@ -26,7 +26,7 @@ from tests.e2e.artifacts import Artifacts
 from tests.e2e.bridge import GPU_COUNT, ChartCluster
 from tests.e2e.chart_scenarios import Installed
 from tests.e2e.helm import previous_chart
-from tests.e2e.kube import ROOT
+from tests.e2e.kube import ROOT, run
 from tests.e2e.local import GPU_SIZES, NODE
 from tests.e2e.workloads import WORKLOAD_LABEL, invalid_examples, valid_examples
 from tests.test_dockerfile import DOCKERFILE, OFFLINE, parse
@@ -111,10 +111,27 @@ def test_the_image_built_offline_is_the_dockerfiles_and_small(release_artifacts:
 
 
 def test_install_runs_every_component_and_advertises_the_gpus(
-    installed: Installed, release_artifacts: Artifacts
+    installed: Installed, release_artifacts: Artifacts, chart_cluster: ChartCluster
 ):
     scenario.components_run_and_gpus_are_advertised(installed, sum(GPU_SIZES), GPU_COUNT)
-    # Every container of ours runs the released image, by the chart's default name.
+    # The node's containerd holds the archive's image under the chart's default name,
+    # by the release's manifest digest, as docs/install.md has the operator check ...
+    listed = run(
+        ["ctr", "--address", str(chart_cluster.containerd_socket), "-n", "k8s.io", "images",
+         "ls", f"name=={release_artifacts.image_reference}"],
+        timeout=60,
+    ).stdout.splitlines()  # fmt: skip
+    [row] = [line.split() for line in listed[1:]]
+    assert row[:3] == [
+        release_artifacts.image_reference,
+        "application/vnd.oci.image.manifest.v1+json",
+        release_artifacts.image_digest,
+    ]
+    # ... and every container of ours runs it: the kubelet names an image imported
+    # without a registry by its ID, the config's digest.
+    with tarfile.open(release_artifacts.image_archive) as archive:
+        blob = archive.extractfile("blobs/sha256/" + release_artifacts.image_digest[7:])
+        image_id = json.load(blob)["config"]["digest"]  # type: ignore[arg-type]
     ours = [
         status
         for component in ("node", "scheduler")
@@ -124,7 +141,7 @@ def test_install_runs_every_component_and_advertises_the_gpus(
     ]
     assert len(ours) >= 3, "the chart's pods do not run the released image"
     for status in ours:
-        assert status["imageID"].endswith(release_artifacts.image_digest), status
+        assert status["imageID"] == image_id, status
 
 
 def test_a_gpu_pod_runs_soon_after_install(installed: Installed):

@@ -182,7 +182,7 @@ def chart(names: Names, out: Path) -> tuple[Path, Path]:
 def image(names: Names, out: Path, wheel: Path) -> tuple[Path, Path, OciImage]:
     """The Dockerfile's image, built offline by scripts/build_image.py from the released
     wheel (and its dependencies' wheels), tagged with the version."""
-    import build_image
+    import build_image  # beside this script: on sys.path when it runs as scripts/release
 
     with tempfile.TemporaryDirectory(prefix="gpushare-wheelhouse-") as wheelhouse:
         log("wheels of the released wheel's dependencies for the image")

@@ -128,6 +128,20 @@ def test_chart_yaml_in_the_tree_has_the_projects_version():
     assert chart["appVersion"] == VERSION, "Chart.yaml appVersion differs from pyproject.toml's"
 
 
+def test_the_notes_name_the_kubernetes_versions_the_tier_runs():
+    """scripts/test runs the real-cluster tier on ../shared/k8s and each version directory
+    in it; the notes' list must name the same versions."""
+    k8s = ROOT.parent / "shared" / "k8s"
+    if not (k8s / "VERSION").is_file():
+        pytest.skip("no ../shared/k8s here: the tier's versions are not known")
+    found = {
+        path.read_text().split()[0]
+        for path in [k8s / "VERSION", *k8s.glob("v*/VERSION")]
+        if (path.parent / "kubernetes-server-bin.tar.xz").is_file()
+    }
+    assert set(release.KUBERNETES_TESTED) == found
+
+
 def test_an_out_directory_holding_other_files_is_refused_and_kept(tmp_path: Path):
     (tmp_path / "notes.txt").write_text("mine")
     result = _release("--no-image", "--out", str(tmp_path))

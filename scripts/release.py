@@ -256,6 +256,20 @@ def checksums(out: Path, files: Sequence[Path]) -> Path:
     return sums
 
 
+def source_commit() -> str:
+    """The commit the release was made from, and whether the tree differed from it."""
+
+    def git(*args: str) -> str:
+        result = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+        return result.stdout.strip() if result.returncode == 0 else ""
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return "a source tree outside git"
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return f"commit `{commit}`" + (" **with uncommitted changes**" if changed else "")
+
+
 def notes_text(names: Names, files: Sequence[Path], oci: OciImage | None) -> str:
     rows = "\n".join(
         f"| `{f.name}` | {human_size(f.stat().st_size)} | `{sha256(f)}` |" for f in files
@@ -283,6 +297,7 @@ def notes_text(names: Names, files: Sequence[Path], oci: OciImage | None) -> str
     return f"""# gpushare {names.version}
 
 GPU sharing for Kubernetes, wire-compatible with Alibaba Cloud ACK's shared-GPU model (cGPU).
+Made from {source_commit()}.
 
 ## Artifacts
 

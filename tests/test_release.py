@@ -95,6 +95,9 @@ def test_the_notes_list_each_artifact_with_its_checksum_and_say_the_image_is_lef
         digest, name = line.split("  ")
         assert f"| `{name}` |" in notes and f"`{digest}`" in notes
     assert "--no-image" in notes
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True)
+    if head.returncode == 0:
+        assert f"Made from commit `{head.stdout.decode().strip()}`" in notes
     assert "v1.28.7" in notes and "v1.33.3" in notes
     assert "pip install kube-gpushare" not in notes
 

@@ -1,5 +1,7 @@
 """The results table and its legend, from runs made up to the widest figures a run gives."""
 
+from pathlib import Path
+
 from gpushare.simulator.metrics import BinMeans
 from gpushare.simulator.report import COLUMNS, legend, summarise, table
 from gpushare.simulator.run import RunResult
@@ -112,3 +114,10 @@ def test_a_bin_no_seed_reached_is_a_dash():
     lone = run("fgd", 42, 5.0, 4.0)
     del lone.bins[130]
     assert rows_by_policy(summarise([lone]))["fgd"]["@130"] == "-"
+
+
+def test_the_docs_show_the_header_and_legend_the_command_prints():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "placement.md").read_text()
+    assert "\n".join(legend(WIDTH)) in text
+    header = " ".join(" ".join(c.header for c in COLUMNS).split())
+    assert header in (" ".join(line.split()) for line in text.splitlines())

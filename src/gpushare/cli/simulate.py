@@ -13,6 +13,12 @@ paper's variants (more sharing pods, more multi-GPU pods, GPU-model-constrained
 pods, more or fewer CPU-only pods), drawn from --pods with --mix-seed
 (docs/placement.md#workload-mixes). --write-pods FILE writes the pod list a run
 would use and exits; `--pods FILE` then replays exactly that list.
+
+It prints one row per policy and, under the table, what each column means; --json FILE
+keeps every figure, per seed too. The plot of unallocated GPU against arrived workload
+goes to placement-unallocated.png in the current directory (--plot FILE: elsewhere,
+--no-plot: nowhere) when matplotlib, the package's plot extra, is installed. On a
+terminal, stderr shows a progress bar per run (policy and seed).
 """
 
 import argparse

@@ -55,8 +55,8 @@ Helm's own default, not the cluster's. */}}
 {{- end }}
 
 {{/* The kube-scheduler tag: scheduler.image.tag when set, else the API server's own
-version, major.minor.patch. kube-scheduler must not be newer than the API server (the
-version skew policy) and is best of its minor version; the same patch release is both.
+version, major.minor.patch. The version skew policy wants kube-scheduler no newer than
+the API server, of its minor version or one older: the API server's own release is both.
 A provider's suffix (v1.30.2-eks-1552ad0, v1.30.5-gke.1014001, v1.30.2+k3s1) is no
 upstream image and is dropped; an upstream pre-release (v1.34.0-rc.1) is kept, being
 published under that tag and older than v1.34.0. */}}

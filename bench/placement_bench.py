@@ -45,8 +45,7 @@ MIX_TARGET_GAIN = 0.10
 
 def run(policies: list[str], json_path: Path, plot: Path | None, workers: int | None) -> float:
     argv = ["simulate", "--policies", ",".join(policies), "--json", str(json_path)]
-    if plot is not None:
-        argv += ["--plot", str(plot)]
+    argv += ["--no-plot"] if plot is None else ["--plot", str(plot)]
     if workers is not None:
         argv += ["--workers", str(workers)]
     started = time.perf_counter()
@@ -95,7 +94,7 @@ def run_mixes(names: list[str], seeds: str, workers: int | None, out: Path) -> N
             print(f"{name}: {path} exists, not run again")
             continue
         argv = ["simulate", "--policies", ",".join(MIX_POLICIES), "--seeds", seeds]
-        argv += ["--json", str(path), "--no-progress"]
+        argv += ["--json", str(path), "--no-progress", "--no-plot"]
         if name != "default":
             argv += ["--mix", name]
         if workers is not None:

@@ -31,10 +31,21 @@ def test_modes_page_covers_every_mode():
     assert all(f"`{mode.value}`" in text for mode in NodeMode)
 
 
+def test_readme_starts_with_the_quick_start_and_ends_with_development():
+    headings = [
+        line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("## ")
+    ]
+    assert headings.index("## Quick start") < headings.index("## What a pod asks for")
+    assert headings.index("## What a pod asks for") < headings.index("## Develop and test")
+
+
 def test_readme_keeps_the_two_commands():
     text = (ROOT / "README.md").read_text()
     assert "./scripts/demo" in text and "./scripts/test" in text
     assert "helm install gpushare helm/gpushare" in text
+    # The quick start installs from the release's artifacts, as docs/install.md does.
+    assert "helm install gpushare ./gpushare-$VERSION.tgz" in text
+    assert "gpushare-image-$VERSION.oci.tar" in text
     assert "kubectl label node <NODE> ack.node.gpu.schedule=" in text
     assert "kubectl inspect cgpu" in text
 

@@ -1,10 +1,9 @@
 """The chart rendered by Helm's own engine (helm-python-sdk binds Helm's Go SDK),
 and each object loaded into the Kubernetes API models of the official client."""
 
-import inspect
 import json
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,8 @@ CUSTOM_KINDS = {
 class Rendered:
     objects: list[dict[str, Any]]
     notes: str
+    manifests: dict[str, str] = field(default_factory=dict)
+    """Each template's output as Helm printed it (comments included), by path."""
 
     def all(self, kind: str) -> list[dict[str, Any]]:
         return [o for o in self.objects if o["kind"] == kind]
@@ -46,28 +47,31 @@ class Rendered:
 WEBHOOK_KINDS = ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
 
 
+LIVE_CLUSTER = ("v1/Node",)
+"""What `helm install` adds to .Capabilities.APIVersions from a live API server's
+discovery (each kind, group/version/Kind) and `helm template` has not: with it the
+chart renders as it does against a cluster."""
+
+
 def _manifests(
-    values: Mapping[str, Any], *, release: str, namespace: str, kube_version: str | None
+    values: Mapping[str, Any],
+    *,
+    release: str,
+    namespace: str,
+    kube_version: str | None,
+    api_versions: Sequence[str],
 ) -> dict[str, str]:
     with helm.Chart.load(CHART) as chart:
-        if kube_version is None:
+        if kube_version is None and not api_versions:
             return chart.render(dict(values), name=release, namespace=namespace, is_install=True)
-        if "kube_version" in inspect.signature(chart.render).parameters:  # a later binding
-            return chart.render(  # type: ignore[call-arg]
-                dict(values),
-                name=release,
-                namespace=namespace,
-                is_install=True,
-                kube_version=kube_version,
-            )
-        # helm-python-sdk 0.2 does not expose it, but the library's render options
-        # take kube_version (`helm template --kube-version`): .Capabilities.KubeVersion.
-        options = {
-            "name": release,
-            "namespace": namespace,
-            "is_install": True,
-            "kube_version": kube_version,
-        }
+        # helm-python-sdk 0.2 does not expose them, but the library's render options
+        # take kube_version and api_versions (`helm template --kube-version
+        # --api-versions`): .Capabilities.KubeVersion and .Capabilities.APIVersions.
+        options: dict[str, Any] = {"name": release, "namespace": namespace, "is_install": True}
+        if kube_version is not None:
+            options["kube_version"] = kube_version
+        if api_versions:
+            options["api_versions"] = list(api_versions)
         rendered = _native.call_string(
             "helm_render",
             chart._raw(),  # type: ignore[attr-defined]
@@ -82,11 +86,18 @@ def render(
     namespace: str = NAMESPACE,
     kube_version: str | None = None,
     release: str = RELEASE,
+    api_versions: Sequence[str] = (),
 ) -> Rendered:
     """The chart as `helm install` renders it: objects and NOTES. kube_version
-    (e.g. "v1.27.0") is the cluster's .Capabilities.KubeVersion; None: Helm's default."""
+    (e.g. "v1.27.0") is the cluster's .Capabilities.KubeVersion; None: Helm's default.
+    api_versions are added to .Capabilities.APIVersions (LIVE_CLUSTER: as against a
+    cluster; none: as `helm template` renders)."""
     manifests = _manifests(
-        values or {}, release=release, namespace=namespace, kube_version=kube_version
+        values or {},
+        release=release,
+        namespace=namespace,
+        kube_version=kube_version,
+        api_versions=api_versions,
     )
     objects: list[dict[str, Any]] = []
     notes = ""
@@ -95,7 +106,7 @@ def render(
             notes = text
             continue
         objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
-    return Rendered(objects, notes)
+    return Rendered(objects, notes, manifests)
 
 
 def render_chart(

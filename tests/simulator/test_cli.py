@@ -1,5 +1,5 @@
-"""`gpushare simulate` end to end on a subsample of the openb trace: flags, table,
-JSON, plot."""
+"""`gpushare simulate` end to end on a subsample of the openb trace: flags, table and
+legend, JSON, plot."""
 
 import json
 import os
@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from gpushare.cli.main import build_parser, main
+from gpushare.simulator.report import COLUMNS
 from tests.simulator.traces import subsample
 
 
@@ -22,7 +23,8 @@ def test_help_explains_every_flag(capsys):
         main(["simulate", "--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    for flag in ("--nodes", "--pods", "--policies", "--seeds", "--workers", "--json", "--plot"):
+    flags = ("--nodes", "--pods", "--policies", "--seeds", "--workers", "--json", "--plot")
+    for flag in (*flags, "--no-plot", "--no-progress"):
         assert flag in out
     assert "@learned" in out
 
@@ -37,15 +39,22 @@ def test_defaults_are_our_policy_and_the_references_on_all_cores():
     args = build_parser().parse_args(["simulate"])
     assert [c.label for c in args.policies] == ["fgd-lookahead", "fgd", "bestfit"]
     assert args.workers == (os.cpu_count() or 1)
-    assert args.json is None and args.plot is None
+    assert args.json is None and args.plot is None and not args.no_plot
 
 
-def test_a_progress_bar_counts_the_runs(small, capsys):
+def test_no_progress_bar_when_stderr_is_not_a_terminal(small, tmp_path, capsys):
+    # tests/simulator/test_progress.py draws them on a terminal.
     nodes, pods = small
-    flags = ["--nodes", str(nodes), "--pods", str(pods), "--policies", "bestfit"]
+    flags = ["--nodes", str(nodes), "--pods", str(pods), "--policies", "bestfit", "--no-plot"]
     assert main(["simulate", *flags, "--seeds", "42-43", "--workers", "1"]) == 0
-    err = capsys.readouterr().err
-    assert "2/2" in err and "bestfit seed" in err
+    assert capsys.readouterr().err == ""
+
+
+def test_plot_and_no_plot_together_are_refused(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["simulate", "--plot", "r.png", "--no-plot"])
+    assert exit_.value.code == 2
+    assert "not allowed with argument --plot" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -91,15 +100,54 @@ def test_output_files_that_cannot_be_written_are_refused_before_the_run(
     assert len(err.strip().splitlines()) == 1
 
 
-def test_a_plot_without_matplotlib_names_the_extra_before_the_run(capsys, tmp_path, monkeypatch):
-    # The image installs no matplotlib: `--plot` there must say how to get it, at once.
+def test_a_plot_asked_for_without_matplotlib_names_the_extra_before_the_run(
+    capsys, tmp_path, monkeypatch
+):
+    # The image installs no matplotlib: `--plot FILE` there must say how to get it, at once.
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     argv = ["--plot", str(tmp_path / "r.png"), "--nodes", str(tmp_path / "none.csv")]
     code = main(["simulate", *argv, "--no-progress"])
     assert code == 2
     err = capsys.readouterr().err
-    assert "pip install 'kube-gpushare[plot]'" in err and "Traceback" not in err
+    assert "needs matplotlib (the package's plot extra: pip install 'matplotlib>=3.8')" in err
+    assert "Traceback" not in err
     assert not (tmp_path / "r.png").exists()
+
+
+def simulate_here(small, *flags: str) -> int:
+    nodes, pods = small
+    argv = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--policies", "fgd,bestfit"]
+    return main([*argv, "--seeds", "42", "--workers", "1", *flags])
+
+
+def test_the_plot_is_written_in_the_current_folder_by_default(small, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert simulate_here(small) == 0
+    plot = tmp_path / "placement-unallocated.png"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert capsys.readouterr().out.splitlines()[-1] == f"plot: {plot}"
+
+
+def test_without_matplotlib_the_default_plot_is_skipped_with_one_line(
+    small, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert simulate_here(small) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == (
+        "plot: skipped, it needs matplotlib (the package's plot extra: pip install "
+        "'matplotlib>=3.8')"
+    )
+    assert "Traceback" not in out + err and err == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_plot_writes_none_and_says_nothing_of_it(small, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert simulate_here(small, "--no-plot") == 0
+    assert list(tmp_path.iterdir()) == []
+    assert "plot" not in capsys.readouterr().out.splitlines()[-1]
 
 
 def test_a_malformed_trace_row_is_one_line_naming_file_and_line(capsys, small, tmp_path):
@@ -120,7 +168,7 @@ def test_a_run_prints_the_table_and_writes_json_and_plot(small, tmp_path, capsys
             "simulate",
             "--nodes", str(nodes),
             "--pods", str(pods),
-            "--policies", "fgd,bestfit,fgd@learned,binpack,spread",
+            "--policies", "fgd-lookahead@learned,fgd,bestfit,fgd@learned,binpack,spread",
             "--seeds", "42-43",
             "--workers", "1",
             "--json", str(out_json),
@@ -131,10 +179,23 @@ def test_a_run_prints_the_table_and_writes_json_and_plot(small, tmp_path, capsys
     assert code == 0
     out = capsys.readouterr().out
     assert out.startswith("gpushare simulate: 49 nodes")
-    assert "unalloc @100%" in out and "fgd@learned" in out
+    lines = out.splitlines()
+    assert all(len(line) <= 100 for line in lines), max(lines, key=len)
+    header = lines.index("") + 1  # after the lines that say what runs
+    assert " ".join(lines[header].split()) == (
+        "policy @100 med mean min-max @130 frag ratio multi vs fgd run s"
+    )
+    assert lines[header + 1].split()[0] == "fgd-lookahead@learned"
+    legend = lines[header + 7 :]  # after six rows and a blank line
+    assert legend[1].split()[:3] == ["policy", "placement", "policy;"]
+    assert [line.split()[0] for line in legend if line.startswith("  ") and line[2] != " "] == [
+        c.header.split()[0] for c in COLUMNS
+    ]
     document = json.loads(out_json.read_text())
     assert document["trace"]["node_count"] == 49
-    assert set(document["policies"]) == {"fgd", "bestfit", "fgd@learned", "binpack", "spread"}
+    assert set(document["policies"]) == {
+        "fgd-lookahead@learned", "fgd", "bestfit", "fgd@learned", "binpack", "spread"
+    }  # fmt: skip
     for label, entry in document["policies"].items():
         assert entry["seeds"] == [42, 43]
         for bin_ in ("100", "130"):
@@ -159,7 +220,7 @@ def test_two_workers_give_the_same_numbers_as_one(small, tmp_path):
         path = tmp_path / f"w{workers}.json"
         flags = ["--nodes", str(nodes), "--pods", str(pods), "--policies", "fgd,bestfit"]
         flags += ["--seeds", "42-43", "--workers", str(workers), "--json", str(path)]
-        main(["simulate", *flags, "--no-progress"])
+        main(["simulate", *flags, "--no-progress", "--no-plot"])
         documents.append(json.loads(path.read_text()))
     for label in ("fgd", "bestfit"):
         one, two = (d["policies"][label] for d in documents)

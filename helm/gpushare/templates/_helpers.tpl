@@ -37,11 +37,82 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
-{{/* The stock kube-scheduler, by default of the cluster's own minor version. */}}
+{{/* "true" when image.repository is the chart's default, docker.io/gpushare/gpushare
+(however written): the release's image archive carries that reference, and no
+registry serves it, so the nodes must have been given the image. */}}
+{{- define "gpushare.imageIsPlaceholder" -}}
+{{- $repository := .Values.image.repository | trimPrefix "docker.io/" | trimPrefix "index.docker.io/" -}}
+{{- if eq $repository "gpushare/gpushare" }}true{{ end -}}
+{{- end }}
+
+{{/* "true" when the chart is rendered against a live cluster (helm install or
+upgrade): Helm then fills .Capabilities.APIVersions from the API server's discovery,
+which lists each kind (v1/Node); `helm template` has only Helm's built-in group
+versions (and whatever --api-versions adds), and its KubeVersion is --kube-version or
+Helm's own default, not the cluster's. */}}
+{{- define "gpushare.liveCluster" -}}
+{{- if .Capabilities.APIVersions.Has "v1/Node" }}true{{ end -}}
+{{- end }}
+
+{{/* The kube-scheduler tag: scheduler.image.tag when set, else the API server's own
+version, major.minor.patch. The version skew policy wants kube-scheduler no newer than
+the API server, of its minor version or one older: the API server's own release is both.
+A provider's suffix (v1.30.2-eks-1552ad0, v1.30.5-gke.1014001, v1.30.2+k3s1) is no
+upstream image and is dropped; an upstream pre-release (v1.34.0-rc.1) is kept, being
+published under that tag and older than v1.34.0. */}}
+{{- define "gpushare.schedulerTag" -}}
+{{- if .Values.scheduler.image.tag }}{{ .Values.scheduler.image.tag }}
+{{- else }}
+{{- $version := semver .Capabilities.KubeVersion.Version -}}
+{{- $tag := printf "v%d.%d.%d" $version.Major $version.Minor $version.Patch -}}
+{{- if regexMatch `^(alpha|beta|rc)\.[0-9]+$` $version.Prerelease }}
+{{- $tag = printf "%s-%s" $tag $version.Prerelease }}
+{{- end }}
+{{- $tag }}
+{{- end }}
+{{- end }}
+
+{{/* The stock kube-scheduler, by default of the cluster's own version. */}}
 {{- define "gpushare.schedulerImage" -}}
-{{- $minor := .Capabilities.KubeVersion.Minor | trimSuffix "+" }}
-{{- $tag := default (printf "v%s.%s.0" .Capabilities.KubeVersion.Major $minor) .Values.scheduler.image.tag }}
-{{- printf "%s:%s" .Values.scheduler.image.repository $tag }}
+{{- printf "%s:%s" .Values.scheduler.image.repository (include "gpushare.schedulerTag" .) }}
+{{- end }}
+
+{{/* Why this kube-scheduler image, for NOTES.txt: where its version comes from and,
+when scheduler.image.tag pins one outside the skew policy, a warning. */}}
+{{- define "gpushare.schedulerImageNotes" -}}
+{{- $cluster := .Capabilities.KubeVersion.Version -}}
+{{- $image := include "gpushare.schedulerImage" . -}}
+{{- $live := include "gpushare.liveCluster" . -}}
+{{- if .Values.scheduler.image.tag }}
+The scheduler runs {{ $image }}, pinned by scheduler.image.tag
+{{- if $live }} (the cluster runs Kubernetes {{ $cluster }}).{{ else }}.{{ end }}
+{{- $pinned := .Values.scheduler.image.tag | trimPrefix "v" -}}
+{{- if and $live (regexMatch `^[0-9]+\.[0-9]+\.[0-9]+` $pinned) }}
+{{- $p := semver (regexFind `^[0-9]+\.[0-9]+\.[0-9]+` $pinned) -}}
+{{- $c := semver $cluster -}}
+{{- if or (gt $p.Major $c.Major) (and (eq $p.Major $c.Major) (gt $p.Minor $c.Minor)) }}
+
+WARNING: kube-scheduler {{ .Values.scheduler.image.tag }} is newer than the API server ({{ $cluster }}):
+the version skew policy forbids it, and it may ask for APIs this cluster does not
+serve. Unset scheduler.image.tag to follow the cluster, or pin v{{ $c.Major }}.{{ $c.Minor }}.x.
+{{- else if or (lt $p.Major $c.Major) (lt $p.Minor (sub $c.Minor 1)) }}
+
+WARNING: kube-scheduler {{ .Values.scheduler.image.tag }} is more than one minor version older than
+the API server ({{ $cluster }}), outside the version skew policy. Unset
+scheduler.image.tag to follow the cluster, or pin v{{ $c.Major }}.{{ $c.Minor }}.x.
+{{- end }}
+{{- end }}
+{{- else if $live }}
+The scheduler runs {{ $image }}: it follows the cluster's Kubernetes {{ $cluster }}
+(set scheduler.image.tag to pin it; `helm upgrade` after a cluster upgrade follows again).
+{{- else }}
+The scheduler runs {{ $image }}, from Kubernetes {{ $cluster }}.
+
+WARNING: rendered without a cluster (helm template): {{ $cluster }} is --kube-version or, without it,
+Helm's built-in default, not necessarily your cluster's. Render with
+--kube-version <your API server's version> (kubectl version) or set scheduler.image.tag;
+the webhook's matchConditions and the device plugin's admission policy follow it too.
+{{- end }}
 {{- end }}
 
 {{- define "gpushare.serviceAccountName" -}}

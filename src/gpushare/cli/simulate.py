@@ -13,30 +13,42 @@ paper's variants (more sharing pods, more multi-GPU pods, GPU-model-constrained
 pods, more or fewer CPU-only pods), drawn from --pods with --mix-seed
 (docs/placement.md#workload-mixes). --write-pods FILE writes the pod list a run
 would use and exits; `--pods FILE` then replays exactly that list.
+
+It prints one row per policy and, under the table, what each column means; --json FILE
+keeps every figure, per seed too. The plot of unallocated GPU against arrived workload
+goes to placement-unallocated.png in the current directory (--plot FILE: elsewhere,
+--no-plot: nowhere) when matplotlib, the package's plot extra, is installed. On a
+terminal, stderr shows a progress bar per run (policy and seed).
 """
 
 import argparse
 import json
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from importlib import resources
 from multiprocessing import get_context
+from multiprocessing.queues import Queue
 from pathlib import Path
 
-from tqdm import tqdm
-
+from gpushare.cli.progress import RunBars, Sink, relayed, throttled
 from gpushare.placement.policies import OUR_POLICY
 from gpushare.simulator.arrival import DEFAULT_SEEDS, INFLATION
 from gpushare.simulator.mixes import DEFAULT_MIX_SEED, MIXES, Mix, generate
 from gpushare.simulator.mixes import parse as parse_mix
-from gpushare.simulator.report import summarise, table, to_json
+from gpushare.simulator.report import legend, summarise, table, to_json
 from gpushare.simulator.run import PolicyChoice, RunResult, simulate
 from gpushare.simulator.trace import Trace, TraceError, load, pod_rows
 from gpushare.table import render
 
 DEFAULT_POLICIES = (OUR_POLICY, "fgd", "bestfit")
+DEFAULT_PLOT = Path("placement-unallocated.png")
+WIDTH = 100
+"""Columns the printed results fit in, the table and its legend included."""
+MATPLOTLIB = "matplotlib (the package's plot extra: pip install 'matplotlib>=3.8')"
 
 
 def default_trace_dir() -> Path:
@@ -113,13 +125,21 @@ def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
         "(default: %(default)s)",
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
-    parser.add_argument(
+    plot = parser.add_mutually_exclusive_group()
+    plot.add_argument(
         "--plot",
         type=Path,
         metavar="FILE",
-        help="write a PNG of unallocated GPU %% against arrived workload, one line per policy",
+        help="write the PNG of unallocated GPU %% against arrived workload, one line per "
+        f"policy, here (default: {DEFAULT_PLOT} in the current directory, when matplotlib, "
+        "the package's plot extra, is installed)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    plot.add_argument("--no-plot", action="store_true", help="do not write the plot")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="do not show progress bars (shown only when stderr is a terminal)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -162,33 +182,53 @@ def _seeds(text: str) -> list[int]:
     return sorted(set(seeds))
 
 
+Job = tuple[PolicyChoice, int, float]
+"""A run: policy, seed, inflation."""
+
 _TRACE: Trace | None = None
+_SINK: Sink | None = None
+"""Where runs report their progress; None when no bar is shown."""
 
 
-def _set_trace(trace: Trace) -> None:
-    global _TRACE
-    _TRACE = trace
+def _set_up(trace: Trace, sink: Sink | None) -> None:
+    global _TRACE, _SINK
+    _TRACE, _SINK = trace, sink
 
 
-def _run_one(job: tuple[PolicyChoice, int, float]) -> RunResult:
+def _set_up_worker(trace: Trace, queue: "Queue[tuple[str, int, int, int]] | None") -> None:
+    _set_up(trace, None if queue is None else lambda *report: queue.put(report))
+
+
+def _run_one(job: Job) -> RunResult:
     assert _TRACE is not None
     choice, seed, inflation = job
-    return simulate(_TRACE, choice, seed, inflation)
+    progress = None if _SINK is None else throttled(_SINK, choice.label, seed)
+    return simulate(_TRACE, choice, seed, inflation, progress)
 
 
 def run_all(
-    trace: Trace, jobs: Sequence[tuple[PolicyChoice, int, float]], workers: int
+    trace: Trace, jobs: Sequence[Job], workers: int, bars: RunBars | None = None
 ) -> Iterator[RunResult]:
-    """Every run, in the order they finish; in this process when one worker suffices."""
+    """Every run, in the order they finish; in this process when one worker suffices.
+    While `bars` are shown, each run reports its progress to them."""
     if workers <= 1 or len(jobs) <= 1:
-        _set_trace(trace)
+        _set_up(trace, bars.advance if bars is not None and bars.shown else None)
         yield from map(_run_one, jobs)
         return
+    context = get_context("spawn")
+    queue = context.Queue() if bars is not None and bars.shown else None
     # The trace travels to each worker once (a mix is not a file it could read).
-    with get_context("spawn").Pool(
-        min(workers, len(jobs)), initializer=_set_trace, initargs=(trace,)
-    ) as pool:
-        yield from pool.imap_unordered(_run_one, jobs)
+    pool = context.Pool(
+        min(workers, len(jobs)), initializer=_set_up_worker, initargs=(trace, queue)
+    )
+    try:
+        with nullcontext() if queue is None or bars is None else relayed(queue, bars):
+            yield from pool.imap_unordered(_run_one, jobs)
+            # Workers that exit on their own flush their reports first; killed ones may not.
+            pool.close()
+            pool.join()
+    finally:
+        pool.terminate()
 
 
 def _can_plot() -> bool:
@@ -200,26 +240,16 @@ def _can_plot() -> bool:
     return True
 
 
-def run(args: argparse.Namespace) -> int:
+def _bad_flag(args: argparse.Namespace) -> str | None:
+    """Why the flags cannot give a run, said before minutes of simulation; or None."""
     if args.workers < 1:
-        print("gpushare simulate: --workers must be at least 1", file=sys.stderr)
-        return 2
+        return "--workers must be at least 1"
     if not 0 < args.inflation <= 10:
-        print("gpushare simulate: --inflation must be in (0, 10]", file=sys.stderr)
-        return 2
+        return "--inflation must be in (0, 10]"
     if args.plot is not None and args.plot.suffix.lower() != ".png":
-        print(
-            f"gpushare simulate: --plot {args.plot}: the plot is a PNG, name it *.png",
-            file=sys.stderr,
-        )
-        return 2
+        return f"--plot {args.plot}: the plot is a PNG, name it *.png"
     if args.plot is not None and not _can_plot():
-        print(
-            "gpushare simulate: --plot needs matplotlib, which components do not install: "
-            "pip install 'kube-gpushare[plot]'",
-            file=sys.stderr,
-        )
-        return 2
+        return f"--plot {args.plot}: the plot needs {MATPLOTLIB}"
     for flag, path in (
         ("--json", args.json),
         ("--plot", args.plot),
@@ -227,9 +257,32 @@ def run(args: argparse.Namespace) -> int:
     ):
         problem = _unwritable(path) if path else None
         if problem:
-            # Said now, not after minutes of simulation.
-            print(f"gpushare simulate: {flag} {path}: {problem}", file=sys.stderr)
-            return 2
+            return f"{flag} {path}: {problem}"
+    return None
+
+
+def _plot_target(args: argparse.Namespace) -> tuple[Path | None, str]:
+    """Where the plot goes; when it goes nowhere though --no-plot was not given, the line
+    that says why. Only the default one is skipped: a --plot that cannot be made is a
+    bad flag."""
+    if args.no_plot:
+        return None, ""
+    if args.plot is not None:
+        return args.plot, ""
+    if not _can_plot():
+        return None, f"plot: skipped, it needs {MATPLOTLIB}"
+    path = Path.cwd() / DEFAULT_PLOT
+    problem = _unwritable(path)
+    if problem:
+        return None, f"plot: skipped, {path}: {problem} (--plot FILE writes it elsewhere)"
+    return path, ""
+
+
+def run(args: argparse.Namespace) -> int:
+    problem = _bad_flag(args)
+    if problem:
+        print(f"gpushare simulate: {problem}", file=sys.stderr)
+        return 2
     try:
         trace = load(args.nodes, args.pods)
     except TraceError as err:  # a file that cannot be read or parsed: the run cannot start
@@ -254,46 +307,62 @@ def run(args: argparse.Namespace) -> int:
     if trace.requested <= 0:  # arrivals stop at a multiple of the GPU requested
         print(f"gpushare simulate: {trace.source}: the pods request no GPU", file=sys.stderr)
         return 2
+    return _simulate(args, trace)
+
+
+def _simulate(args: argparse.Namespace, trace: Trace) -> int:
     choices: list[PolicyChoice] = args.policies
-    labels = ",".join(c.label for c in choices)
-    print(
+    plot_path, plot_skipped = _plot_target(args)
+    _say(
         f"gpushare simulate: {len(trace.nodes)} nodes ({trace.capacity // 1000} GPUs), "
         f"{len(trace.pods)} pods requesting {100 * trace.requested / trace.capacity:.1f}% "
-        f"of GPU; policies {labels}; seeds {_seed_text(args.seeds)}; inflation "
-        f"{args.inflation}; {args.workers} worker(s)",
-        flush=True,
+        "of GPU"
+    )
+    _say(
+        f"  policies {', '.join(c.label for c in choices)}; seeds {_seed_text(args.seeds)}; "
+        f"inflation {args.inflation}; {args.workers} worker(s)"
     )
     jobs = [(c, seed, args.inflation) for c in choices for seed in args.seeds]
     started = time.perf_counter()
     results: list[RunResult] = []
-    with tqdm(total=len(jobs), unit="run", disable=args.no_progress, file=sys.stderr) as bar:
-        for result in run_all(trace, jobs, args.workers):
+    bars = RunBars(len(jobs), sys.stderr, disable=True if args.no_progress else None)
+    try:
+        for result in run_all(trace, jobs, args.workers, bars):
             results.append(result)
-            bar.set_postfix_str(f"{result.policy} seed {result.seed}")
-            bar.update()
+            bars.finished(result.policy, result.seed)
+    finally:
+        bars.close()
     wall = time.perf_counter() - started
     summaries = summarise(results)
     ordered = {c.label: summaries[c.label] for c in choices}
-    header, rows = table(ordered)
     print()
-    print(render(header, rows))
+    print(render(*table(ordered)))
+    print()
+    print("\n".join(legend(WIDTH)))
     print(f"\n{len(jobs)} runs in {wall:.1f} s wall")
     try:
         if args.json:
             document = to_json(trace, args.nodes, args.pods, ordered, args.inflation, wall)
             args.json.write_text(json.dumps(document, indent=2) + "\n")
             print(f"results: {args.json}")
-        if args.plot:
+        if plot_path is not None:
             from gpushare.simulator.plot import (
-                plot,  # matplotlib loads only when a plot is asked for
+                plot,  # matplotlib loads only when a plot is made
             )
 
-            plot(ordered, args.plot, title=f"{trace.source}, seeds {_seed_text(args.seeds)}")
-            print(f"plot: {args.plot}")
+            plot(ordered, plot_path, title=f"{trace.source}, seeds {_seed_text(args.seeds)}")
+            print(f"plot: {plot_path}")
     except OSError as err:
         print(f"gpushare simulate: cannot write {err.filename}: {err.strerror}", file=sys.stderr)
         return 1
+    if plot_skipped:
+        _say(plot_skipped)
     return 0
+
+
+def _say(line: str) -> None:
+    """A line of the report, wrapped to WIDTH (policy names are never split)."""
+    print(textwrap.fill(line, WIDTH, subsequent_indent="  ", break_on_hyphens=False), flush=True)
 
 
 def _unwritable(path: Path) -> str | None:

@@ -8,7 +8,8 @@ per-seed difference against it (negative: fewer GPUs left unallocated).
 """
 
 import statistics
-from collections.abc import Iterable, Sequence
+import textwrap
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -175,46 +176,111 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def table(summaries: dict[str, PolicySummary]) -> tuple[list[str], list[list[str]]]:
-    """The results table (docs/placement.md#reference-numbers): header and one row per policy."""
-    header = [
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column of the results table: its short header, what it means (the legend printed
+    under the table) and its cell for a policy, given the reference policy's summary."""
+
+    header: str
+    meaning: str
+    cell: Callable[[PolicySummary, PolicySummary | None], str]
+
+
+def _spread_cell(bin_: int, part: Callable[[Spread], str]) -> Callable[..., str]:
+    def cell(s: PolicySummary, _: PolicySummary | None) -> str:
+        spread = s.unallocated(bin_)
+        return "-" if spread is None else part(spread)
+
+    return cell
+
+
+def _failed_multi(s: PolicySummary, _: PolicySummary | None) -> str:
+    failed = s.failed()
+    return f"{sum(failed[k.value] for k in (PodClass.GPU2, PodClass.GPU4, PodClass.GPU8)):.1f}"
+
+
+def _versus(s: PolicySummary, reference: PolicySummary | None) -> str:
+    if reference is None or s is reference:
+        return "-"
+    diffs = paired(s, reference)
+    if not diffs:
+        return "-"
+    better = sum(1 for d in diffs if d < 0)
+    return f"{better}/{len(diffs)} {statistics.mean(diffs):+.2f}"
+
+
+# Headers no wider than their figures, so the table fits 100 columns with the longest
+# policy label (fgd-lookahead@learned); the legend says the rest.
+COLUMNS = (
+    Column(
         "policy",
-        "unalloc @100% (median / mean [min-max])",
-        "unalloc @130% (mean)",
-        "frag amount @90%",
-        "frag ratio @90%",
-        "failed multi-GPU",
-        "vs fgd @100% (better seeds, mean diff)",
-        "run s (sum)",
-    ]
+        "placement policy; @learned: it learns the workload online, as the extender does",
+        lambda s, _: s.label,
+    ),
+    Column(
+        "@100 med",
+        "% of the GPUs unallocated when the arrived pods request 100% of them: median over seeds",
+        _spread_cell(100, lambda x: f"{x.median:.2f}"),
+    ),
+    Column("mean", "the same, mean over the seeds", _spread_cell(100, lambda x: f"{x.mean:.2f}")),
+    Column(
+        "min-max",
+        "the same, lowest and highest seed",
+        _spread_cell(100, lambda x: f"{x.min:.2f}-{x.max:.2f}"),
+    ),
+    Column(
+        "@130",
+        "% of the GPUs unallocated at 130% arrived (the end of a run): mean over the seeds",
+        _spread_cell(130, lambda x: f"{x.mean:.2f}"),
+    ),
+    Column(
+        "frag",
+        "fragmentation at 90% arrived: free GPU the typical pods cannot use, % of all GPUs",
+        lambda s, _: _fmt(s.mean_at(90, "frag_amount_pct")),
+    ),
+    Column(
+        "ratio",
+        "the same in % of the idle GPUs (fragmentation ratio); both means over the seeds",
+        lambda s, _: _fmt(s.mean_at(90, "frag_ratio_pct"), 1),
+    ),
+    Column(
+        "multi",
+        "multi-GPU pods (2, 4 or 8 GPUs) that no node could take, mean per run",
+        _failed_multi,
+    ),
+    Column(
+        "vs fgd",
+        f"seeds on which fewer GPUs were unallocated at 100% than with {REFERENCE} / all "
+        "seeds, and the mean difference in percentage points (negative: fewer)",
+        _versus,
+    ),
+    Column(
+        "run s",
+        "run time in seconds, summed over the seeds",
+        lambda s, _: f"{s.wall_s:.0f}",
+    ),
+)
+
+
+def table(summaries: dict[str, PolicySummary]) -> tuple[list[str], list[list[str]]]:
+    """The results table (COLUMNS): header and one row per policy."""
     reference = summaries.get(REFERENCE)
-    rows = []
-    for label, s in summaries.items():
-        at100 = s.unallocated(100)
-        at130 = s.unallocated(130)
-        headline = (
-            "-"
-            if at100 is None
-            else f"{at100.median:.2f} / {at100.mean:.2f} [{at100.min:.2f}-{at100.max:.2f}]"
+    return [c.header for c in COLUMNS], [
+        [c.cell(s, reference) for c in COLUMNS] for s in summaries.values()
+    ]
+
+
+def legend(width: int = 100) -> list[str]:
+    """What each column of the table means, one entry per column, wrapped to `width`."""
+    indent = max(len(c.header) for c in COLUMNS) + 4
+    return [
+        line
+        for c in COLUMNS
+        for line in textwrap.wrap(
+            c.meaning,
+            width,
+            initial_indent=f"  {c.header:<{indent - 4}}  ",
+            subsequent_indent=" " * indent,
+            break_on_hyphens=False,
         )
-        failed = s.failed()
-        multi = sum(failed[k.value] for k in (PodClass.GPU2, PodClass.GPU4, PodClass.GPU8))
-        versus = "-"
-        if reference is not None and label != REFERENCE:
-            diffs = paired(s, reference)
-            if diffs:
-                better = sum(1 for d in diffs if d < 0)
-                versus = f"{better}/{len(diffs)}, {statistics.mean(diffs):+.2f}"
-        rows.append(
-            [
-                label,
-                headline,
-                _fmt(at130.mean if at130 else None),
-                _fmt(s.mean_at(90, "frag_amount_pct")),
-                _fmt(s.mean_at(90, "frag_ratio_pct"), 1),
-                f"{multi:.1f}",
-                versus,
-                f"{s.wall_s:.0f}",
-            ]
-        )
-    return header, rows
+    ]

@@ -8,6 +8,7 @@ fails; nothing ever leaves.
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -119,8 +120,16 @@ def target_workload(trace: Trace) -> Workload:
     return distribution(trace).typical_part(COVERAGE)
 
 
+Progress = Callable[[int, int], None]
+"""Told (pods offered so far, pods that will arrive) before each pod and at the end."""
+
+
 def simulate(
-    trace: Trace, choice: PolicyChoice, seed: int, inflation: float = INFLATION
+    trace: Trace,
+    choice: PolicyChoice,
+    seed: int,
+    inflation: float = INFLATION,
+    progress: Progress | None = None,
 ) -> RunResult:
     started = time.perf_counter()
     workload = target_workload(trace)
@@ -134,6 +143,8 @@ def simulate(
     requests: dict[TracePod, PodRequest] = {}
     epochs = {policy.epoch}
     for number, pod in enumerate(arrival.pods):
+        if progress is not None:
+            progress(number, len(arrival.pods))
         request = requests.get(pod)
         if request is None:
             request = requests[pod] = pod.request()
@@ -150,6 +161,8 @@ def simulate(
         state.add(f"{pod.name}#{number}", allocation)
         scheduler.changed(node)
         recorder.offered(pod, node, metric.of_view(state.view()))
+    if progress is not None:
+        progress(len(arrival.pods), len(arrival.pods))
     return RunResult(
         policy=choice.label,
         seed=seed,

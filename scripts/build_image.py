@@ -150,6 +150,16 @@ def _layer(rootfs: Path) -> bytes:
     return buffer.getvalue()
 
 
+def full_name(reference: str) -> str:
+    """The reference as containerd and the kubelet name it: `gpushare/gpushare:V` is
+    `docker.io/gpushare/gpushare:V`; a first part with a dot or a port, or `localhost`,
+    is a registry and stays (Docker's rule for short names)."""
+    first, _, rest = reference.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return reference
+    return f"docker.io/{reference}" if rest else f"docker.io/library/{reference}"
+
+
 def oci_archive(rootfs: Path, reference: str, out: Path) -> Image:
     """An OCI image layout in a tar, as `ctr images import` and `docker load` read it."""
     layer = _layer(rootfs)
@@ -190,7 +200,7 @@ def oci_archive(rootfs: Path, reference: str, out: Path) -> Image:
     }
     manifest_bytes = json.dumps(manifest, sort_keys=True).encode()
     manifest_digest = "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
-    name = reference if "/" in reference.split(":")[0].split("/")[0] else f"docker.io/{reference}"
+    name = full_name(reference)
     index = {
         "schemaVersion": 2,
         "manifests": [

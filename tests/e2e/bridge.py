@@ -1,14 +1,16 @@
 """The real single-node cluster with a pod network, and gpushare installed into it
-with `helm install`, as an operator does.
+with `helm install`, as an operator does: from the release's artifacts
+(tests/e2e/artifacts.py), as docs/install.md says.
 
 `../shared/realcluster` in bridge mode (POD_NETWORK=bridge) gives pods real
 addresses, in-cluster API access with ServiceAccount tokens, and calls webhooks at
 their Service's endpoints, so the chart's own pods run: the DaemonSet (device plugin
 with the mock backend, isolation agent), the two-replica scheduler Deployment
 (kube-scheduler + our extender and webhook) and the chart's uninstall hook. The
-images come from no registry: ours from `scripts/build-image` (the Dockerfile's image,
-built offline), kube-scheduler from the harness's `mkimage-binary.sh` holding the
-version's own binary.
+images come from no registry: ours from the release's OCI archive (the Dockerfile's
+image, built offline by scripts/release), imported into the node's containerd under the
+chart's default name; kube-scheduler from the harness's `mkimage-binary.sh` holding
+the version's own binary.
 """
 
 import shutil
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from tests.e2e.artifacts import Artifacts
 from tests.e2e.chart_scenarios import Installed
 from tests.e2e.helm import HelmRelease
 from tests.e2e.kube import run, wait_for
@@ -25,24 +28,15 @@ from tests.e2e.workloads import BUSYBOX
 
 RELEASE: Final = "gpushare"
 NAMESPACE: Final = "gpushare-system"
-IMAGE: Final = "local/gpushare:e2e"
 SCHEDULER_IMAGE: Final = "local/kube-scheduler"
 MODE: Final = "core_mem"
 GPU_COUNT: Final = len(GPU_SIZES)
 
 
-def missing_image_prerequisites() -> str | None:
-    """Why the image cannot be built here, or None."""
-    if shutil.which("mmdebstrap") is None and shutil.which("apt-get") is None:
-        return "building the image offline needs mmdebstrap (or apt-get to install it)"
-    return None
-
-
 def chart_values(version: str, **extra: Any) -> dict[str, Any]:
-    """What an operator without GPUs sets: the mock backend, and the images built here."""
-    repository, tag = IMAGE.rsplit(":", 1)
+    """What an operator without GPUs sets: the mock backend, and the scheduler image
+    built here. gpushare's image is the chart's default, loaded from the release."""
     values: dict[str, Any] = {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
         "gpu": {"backend": "mock", "mockGpus": MOCK_GPUS},
         "scheduler": {
             "image": {"repository": SCHEDULER_IMAGE, "tag": version, "pullPolicy": "IfNotPresent"}
@@ -57,7 +51,7 @@ def chart_values(version: str, **extra: Any) -> dict[str, Any]:
 class ChartCluster(LocalCluster):
     """LocalCluster in bridge mode whose gpushare is the chart's pods."""
 
-    image_archive: Path | None = None
+    artifacts: Artifacts | None = None
     release: HelmRelease | None = None
     installed_at: float = 0.0
     """time.monotonic() when `helm install` started."""
@@ -75,10 +69,12 @@ class ChartCluster(LocalCluster):
         self.script("up.sh", NO_FAKE_DP="1", EXTENDER_URL="", WITH_KCM="1")
 
     def install_gpushare(self) -> None:
-        assert self.image_archive is not None and self.bins is not None
+        assert self.artifacts is not None and self.bins is not None
+        # docs/install.md: `ctr -n k8s.io images import` on the node, here against the
+        # cluster's own containerd.
         run(
             ["ctr", "--address", str(self.containerd_socket), "-n", "k8s.io",
-             "images", "import", str(self.image_archive)],
+             "images", "import", str(self.artifacts.image_archive)],
             timeout=300,
         )  # fmt: skip
         self.script(
@@ -86,7 +82,7 @@ class ChartCluster(LocalCluster):
             f"{SCHEDULER_IMAGE}:{self.version}",
             str(self.bins.directory / "kube-scheduler"),
         )
-        self.release = HelmRelease(self.kubeconfig, RELEASE, NAMESPACE)
+        self.release = HelmRelease(self.kubeconfig, RELEASE, NAMESPACE, chart=self.artifacts.chart)
         self.values = chart_values(self.version)
         # The operator's order (docs/install.md): install, then label the GPU nodes.
         self.installed_at = time.monotonic()
@@ -122,6 +118,7 @@ class ChartCluster(LocalCluster):
             pull_policy="IfNotPresent",
             kill_containers=self.kill_containers,
             installed_at=self.installed_at,
+            own_image=self.artifacts.image_reference if self.artifacts else "",
         )
 
     def kill_containers(self, pod: dict[str, Any]) -> list[str]:

@@ -48,6 +48,9 @@ class Installed:
     """SIGKILLs every container of a pod (no graceful exit, nothing released)."""
     installed_at: float = 0.0
     """time.monotonic() when `helm install` started."""
+    own_image: str = ""
+    """gpushare's image as its pods name it, where the values leave it to the chart's
+    default; "" when the values' image.repository and image.tag name it."""
 
     @property
     def namespace(self) -> str:
@@ -426,7 +429,8 @@ def scheduler_verbs_refused_to_ordinary_pods(installed: Installed) -> dict[str, 
             for port in {verb_port, ports["http"]}:
                 url = f"http://{address}:{port}/gpushare-scheduler/{verb}"
                 targets[f"{verb} at the {where}:{port}"] = url
-    image = installed.values["image"]
+    image = installed.values.get("image", {})
+    own_image = installed.own_image or f"{image['repository']}:{image['tag']}"
     probe = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -440,7 +444,7 @@ def scheduler_verbs_refused_to_ordinary_pods(installed: Installed) -> dict[str, 
             "containers": [
                 {
                     "name": "probe",
-                    "image": f"{image['repository']}:{image['tag']}",
+                    "image": own_image,
                     "imagePullPolicy": image.get("pullPolicy", "IfNotPresent"),
                     "command": ["python3", "-c", _PROBE, json.dumps(targets)],
                 }

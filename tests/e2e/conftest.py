@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e import artifacts as released
 from tests.e2e import bridge
 from tests.e2e import local as local_tier
 from tests.e2e.chart_scenarios import Installed
@@ -31,7 +32,6 @@ from tests.e2e.helm import HelmRelease
 from tests.e2e.kind import Kind, missing_prerequisites
 from tests.e2e.kube import ROOT, KubectlTarget, run, wait_for
 from tests.e2e.workloads import IMAGE, WORKLOAD_LABEL
-from tests.test_dockerfile import OFFLINE
 
 RELEASE = "gs"
 SYSTEM_NAMESPACE = "gpushare-system"
@@ -214,14 +214,16 @@ def clean_workloads(local: local_tier.LocalCluster) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def gpushare_image() -> object:
-    """The image the Dockerfile describes, built offline by scripts/build-image (once
-    per session: about a minute). Returns scripts/build_image.py's Image."""
-    reason = bridge.missing_image_prerequisites()
+def release_artifacts() -> released.Artifacts:
+    """scripts/release with the image, once per session (about a minute, nearly all of
+    it the image): the chart tier installs these, not the source tree."""
+    reason = released.missing_prerequisites()
     if reason:
         pytest.skip(reason)
     root = Path(os.environ.get("GPUSHARE_E2E_STATE_ROOT", "/tmp"))
-    return OFFLINE.build(bridge.IMAGE, root / "gpushare-e2e-image" / "gpushare.tar")
+    artifacts = released.make(root / "gpushare-e2e-release")
+    print(f"\nscripts/release (with the image): {artifacts.took_s:.0f}s")
+    return artifacts
 
 
 @pytest.fixture(scope="module", params=local_tier.sources() or [None], ids=_version_id)
@@ -235,12 +237,12 @@ def chart_cluster(
     if reason:
         pytest.skip(reason)
     assert source is not None
-    image = request.getfixturevalue("gpushare_image")
+    artifacts = request.getfixturevalue("release_artifacts")
     root = Path(os.environ.get("GPUSHARE_E2E_STATE_ROOT", "/tmp"))
     bins = local_tier.binaries(source, root)
     state = root / f"gpushare-chart-{bins.version}"
     cluster = bridge.ChartCluster(
-        kubeconfig=state / "kubeconfig", state=state, bins=bins, image_archive=image.archive
+        kubeconfig=state / "kubeconfig", state=state, bins=bins, artifacts=artifacts
     )
     yield from _up_for_the_tests(cluster, "chart", tmp_path_factory)
 

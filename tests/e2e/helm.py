@@ -42,17 +42,20 @@ class HelmRelease:
     kubeconfig: Path
     name: str
     namespace: str
+    chart: Path = CHART
+    """What install and upgrade apply unless told otherwise: the chart's directory, or a
+    packaged .tgz (the chart tier installs the release's)."""
     timeout_s: int = 300
 
     @property
     def uses_cli(self) -> bool:
         return shutil.which("helm") is not None
 
-    def install(self, values: dict[str, Any], chart: Path = CHART) -> None:
-        self._apply("install", chart, values)
+    def install(self, values: dict[str, Any], chart: Path | None = None) -> None:
+        self._apply("install", chart or self.chart, values)
 
-    def upgrade(self, values: dict[str, Any], chart: Path = CHART) -> None:
-        self._apply("upgrade", chart, values)
+    def upgrade(self, values: dict[str, Any], chart: Path | None = None) -> None:
+        self._apply("upgrade", chart or self.chart, values)
 
     def exists(self) -> bool:
         if self.uses_cli:

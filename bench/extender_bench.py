@@ -219,13 +219,26 @@ class Bench:
             name = f"node-{i:05d}"
             self.cluster.add_node(gpu_node(name, parse_layout(layout, name), mode=mode))
         self.names = sorted(n.name for n in self.cluster.list_nodes().items)
-        self.service = ExtenderService(
-            self.cluster, ExtenderConfig(default_placement=policy)
-        ).start_watching()
-        assert self.service.wait_synced(120)
+        self.policy = policy
+        self.service = self.start()
         self.extender = self.service.extender
         self.count = 0
         self.causes = Causes(self)
+
+    def start(self) -> ExtenderService:
+        service = ExtenderService(
+            self.cluster, ExtenderConfig(default_placement=self.policy)
+        ).start_watching()
+        assert service.wait_synced(120)
+        return service
+
+    def restart(self) -> None:
+        """A new extender listing the cluster as it is now, as gpushare-extender starts
+        on a cluster already holding pods (its first requests find every node's state
+        made at the listing, not a node changed by each bind since)."""
+        self.service.stop_watching()
+        self.service = self.start()
+        self.extender = self.service.extender
 
     def new_pod(self, shape: int) -> Pod:
         self.count += 1
@@ -432,6 +445,7 @@ def main() -> None:
     # in-memory API server lives in this process too, so its objects would otherwise
     # make every full collection of the garbage collector much longer than in a real
     # extender, whose API server is elsewhere.
+    bench.restart()
     gc.freeze()
 
     print("filter+prioritize, nodeCacheCapable true, every node a candidate:")

@@ -290,3 +290,82 @@ def test_a_pod_being_deleted_holds_its_gpu_until_it_is_gone(cluster, scheduler_f
 
     cluster.delete_pod("default", "old")
     wait_until(lambda: s.filter(pod("more", mem=1))["NodeNames"] == ["n"], what="GPU 0 to be free")
+
+
+class _CountedReads(MemoryCluster):
+    """An API server that counts the pod reads made outside its own Binding handling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+        self._binding = threading.local()
+
+    def get_pod(self, namespace: str, name: str):
+        if not getattr(self._binding, "active", False):
+            self.reads.append(f"{namespace}/{name}")
+        return super().get_pod(namespace, name)
+
+    def bind_pod(self, *args, **kwargs) -> None:
+        self._binding.active = True
+        try:
+            super().bind_pod(*args, **kwargs)
+        finally:
+            self._binding.active = False
+
+
+def test_a_pod_filter_saw_is_bound_without_reading_it_again():
+    """One API read less per GPU pod: the Binding's UID precondition guards it instead."""
+    cluster = _CountedReads()
+    cluster.add_node(node("n", "2x16GiB"))
+    s = Scheduler(cluster)
+    try:
+        seen = s.submit(pod("seen", mem=4))
+        assert s.filter(seen)["NodeNames"] == ["n"]
+        assert s.bind(seen, "n") == ""
+        assert cluster.reads == []
+        assert allocation_of(cluster, "default", "seen").total_mem == 4
+        cluster.reads.clear()  # the test's own read just now
+
+        unseen = s.submit(pod("unseen", mem=4))  # bound by a scheduler that did not filter here
+        assert s.bind(unseen, "n") == ""
+        assert cluster.reads == ["default/unseen"]
+    finally:
+        s.close()
+
+
+def test_a_pod_made_again_after_filter_is_not_bound_on_the_old_ones_behalf(cluster, scheduler_for):
+    cluster.add_node(node("n", "1x16GiB"))
+    s = scheduler_for()
+    old = s.submit(pod("p", mem=4))
+    assert s.filter(old)["NodeNames"] == ["n"]
+    cluster.delete_pod("default", "p")
+    cluster.create_pod(
+        old.model_copy(update={"metadata": old.metadata.model_copy(update={"uid": "another"})})
+    )  # whether or not the watch has shown it yet
+    error = s.bind(old, "n")
+    assert "created again" in error or "UID in precondition" in error
+    assert cluster.get_pod("default", "p").spec.node_name is None
+    assert not s.service.cache.assumed_keys()
+
+
+def test_a_pod_bound_elsewhere_after_filter_is_not_bound_twice(cluster, scheduler_for):
+    cluster.add_node(node("a", "1x16GiB"))
+    cluster.add_node(node("b", "1x16GiB"))
+    s = scheduler_for()
+    p = s.submit(pod("p", mem=4))
+    assert s.filter(p)["NodeNames"] == ["a", "b"]
+    cluster.bind_pod("default", "p", "a")  # another scheduler was quicker
+    assert "already bound to node a" in s.bind(p, "b")
+    assert cluster.get_pod("default", "p").spec.node_name == "a"
+    assert s.service.cache.snapshot().gpus["b"][0][0] == 0
+
+
+def test_a_pod_being_deleted_after_filter_is_not_bound(cluster, scheduler_for):
+    cluster.add_node(node("n", "1x16GiB"))
+    s = scheduler_for()
+    p = s.submit(pod("p", mem=4))
+    assert s.filter(p)["NodeNames"] == ["n"]
+    cluster.begin_pod_deletion("default", "p")
+    assert "being deleted" in s.bind(p, "n")
+    assert cluster.get_pod("default", "p").spec.node_name is None
+    assert not s.service.cache.assumed_keys()

@@ -14,6 +14,7 @@ from gpushare.objects import Node, PodStatus
 from gpushare.placement.lookahead import LookaheadFgdPolicy
 from gpushare.placement.policies import POLICIES, BinpackPolicy
 from gpushare.request import PodRequest
+from gpushare.state import NodeState
 from tests.builders import T0, being_deleted, node, pod, request
 
 
@@ -725,3 +726,45 @@ def test_a_policy_learns_while_any_node_still_names_it():
     cache.apply_node(EventType.MODIFIED, node("b", "1x16GiB"))
     cache.filter(asking("q", 4), ["a", "b"])
     assert len(counting.observed) == 1
+
+
+def test_a_listing_makes_every_nodes_view_so_the_first_request_does_not(monkeypatch):
+    """At 5,000 nodes making the views takes ~80 ms: the listing pays it, not the first
+    pod after a start or a relist (bench/extender_bench.py, first pod of a shape)."""
+    made: list[str] = []
+    make_view = NodeState._make_view
+    monkeypatch.setattr(NodeState, "_make_view", lambda s: made.append(s.name) or make_view(s))
+    cache = SchedulerCache(assume_ttl_s=60, clock=Clock())
+    cache.replace_nodes([node("a", "1x16GiB"), node("b", "2x16GiB")])
+    assert made == []  # pods not listed yet: the views would change with them
+    cache.replace_pods([])
+    assert sorted(made) == ["a", "b"]
+    cache.answers(asking("p", 4), ["a", "b"])
+    assert sorted(made) == ["a", "b"]
+    assume(cache, "p", 4, node="a")
+    cache.answers(asking("q", 8), ["a", "b"])
+    assert sorted(made) == ["a", "a", "b"]  # a node changed since is made again, alone
+
+
+def test_bind_gets_the_pod_filter_saw_until_the_watch_shows_it_bound_or_going():
+    cache = started()
+    filtered = asking("p", 4)
+    cache.filter(filtered, ["n"])
+    assert cache.filtered("default/p", "uid-p") is filtered
+    assert cache.filtered("default/q", "uid-p") is None  # name and UID of different pods
+    assert cache.filtered("default/p", "uid-again") is None  # never filtered with this UID
+
+    cache.apply_pod(EventType.ADDED, pod("p", mem=4))
+    assert cache.filtered("default/p", "uid-p") is filtered  # seen, still pending
+    cache.apply_pod(EventType.MODIFIED, being_deleted(pod("p", mem=4)))
+    assert cache.filtered("default/p", "uid-p") is None
+
+    cache.filter(asking("q", 4), ["n"])
+    bound_pod(cache, "q", 4)
+    assert cache.filtered("default/q", "uid-q") is None
+
+    cache.filter(asking("r", 4), ["n"])
+    again = pod("r", mem=4)
+    again = again.model_copy(update={"metadata": again.metadata.model_copy(update={"uid": "r2"})})
+    cache.apply_pod(EventType.ADDED, again)
+    assert cache.filtered("default/r", "uid-r") is None  # made again since

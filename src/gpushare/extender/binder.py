@@ -80,57 +80,69 @@ class Binder:
 
     def _bind(self, args: BindingArgs) -> None:
         self._metrics.assumptions_expired.inc(len(self._cache.expire()))
-        pod = self._read(args.pod_namespace, args.pod_name)
-        if args.pod_uid and pod.metadata.uid != args.pod_uid:
-            raise BindRefused(
-                f"pod {pod.key} was deleted and created again (UID {pod.metadata.uid}, "
-                f"the scheduler asked for {args.pod_uid})"
-            )
-        if pod.spec.node_name:
-            self._already_bound(pod, pod.spec.node_name, args.node)
-            return
-        try:
-            pending = self._cache.pending(pod)
-        except PodRefused as refused:
-            raise BindRefused(f"pod {pod.key}: {refused}") from None
-        if pending is None:  # not ours to allocate: bind it as the default binder would
-            self._create_binding(pod, args.node, None)
-            return
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        pending = self._cache.filtered(key, args.pod_uid) if args.pod_uid else None
+        if pending is not None:
+            # The pod filter saw, by its UID: no read of it from the API server. The
+            # Binding's UID precondition refuses it if the pod was made again since,
+            # and the API server if it was bound or is being deleted.
+            target = ObjectRef("Pod", args.pod_name, args.pod_namespace, args.pod_uid)
+        else:
+            pod = self._read(args.pod_namespace, args.pod_name)
+            if args.pod_uid and pod.metadata.uid != args.pod_uid:
+                raise BindRefused(
+                    f"pod {pod.key} was deleted and created again (UID {pod.metadata.uid}, "
+                    f"the scheduler asked for {args.pod_uid})"
+                )
+            if pod.spec.node_name:
+                self._already_bound(pod, pod.spec.node_name, args.node)
+                return
+            try:
+                pending = self._cache.pending(pod)
+            except PodRefused as refused:
+                raise BindRefused(f"pod {pod.key}: {refused}") from None
+            target = ObjectRef.of_pod(pod)
+            if pending is None:  # not ours to allocate: bind it as the default binder would
+                self._create_binding(target, args.node, None)
+                return
         with self._node_lock(args.node):
             reserved = self._cache.reserve(pending, args.node, self._now())
             if isinstance(reserved, Refusal):
-                raise BindRefused(f"pod {pod.key} does not fit any more: {reserved}")
+                raise BindRefused(f"pod {key} does not fit any more: {reserved}")
             allocation = reserved
             try:
-                created = self._create_binding(pod, args.node, annotation.encode(allocation))
+                created = self._create_binding(target, args.node, annotation.encode(allocation))
             except BaseException as failed:
                 # A refusal may come after the Binding was made: then the watch decides.
                 if not isinstance(failed, BindRefused) or failed.undo:
-                    self._cache.forget(pod.key, pod.metadata.uid)
+                    self._cache.forget(key, target.uid)
                 raise
         if created:
             self._cluster.record_event(
-                ObjectRef.of_pod(pod),
+                target,
                 EventSeverity.NORMAL,
                 "GpuAllocated",
                 f"node {args.node}: {_gpus(allocation)} ({pending.request.describe()})",
             )
 
-    def _create_binding(self, pod: Pod, node: str, annotations: dict[str, str] | None) -> bool:
+    def _create_binding(
+        self, pod: ObjectRef, node: str, annotations: dict[str, str] | None
+    ) -> bool:
         """True when this call created the Binding, False when the pod already was
         bound to `node` (a retried request that had succeeded)."""
-        meta = pod.metadata
         try:
-            self._cluster.bind_pod(meta.namespace, meta.name, node, meta.uid, annotations)
+            self._cluster.bind_pod(pod.namespace, pod.name, node, pod.uid, annotations)
             return True
         except AlreadyBound as err:
             self._metrics.bind_conflicts.inc()
-            self._already_bound(self._read(meta.namespace, meta.name), err.node, node)
+            self._already_bound(self._read(pod.namespace, pod.name), err.node, node)
             return False
         except (Conflict, NotFound) as err:
             if isinstance(err, Conflict):
                 self._metrics.bind_conflicts.inc()
-            raise BindRefused(f"bind pod {pod.key} to node {node}: {err}") from None
+            raise BindRefused(
+                f"bind pod {pod.namespace}/{pod.name} to node {node}: {err}"
+            ) from None
         except ClusterError as err:
             # The answer was lost, not necessarily the bind: look before reporting.
             return self._confirm_after_error(pod, node, err)
@@ -144,20 +156,21 @@ class Binder:
         self._cache.apply_pod(EventType.MODIFIED, latest)
         # pragma: no mutate end
 
-    def _confirm_after_error(self, pod: Pod, node: str, err: ClusterError) -> bool:
+    def _confirm_after_error(self, pod: ObjectRef, node: str, err: ClusterError) -> bool:
+        key = f"{pod.namespace}/{pod.name}"
         try:
-            latest = self._cluster.get_pod(pod.metadata.namespace, pod.metadata.name)
+            latest = self._cluster.get_pod(pod.namespace, pod.name)
         except ClusterError as again:
             raise BindRefused(
-                f"bind pod {pod.key} to node {node}: {err} (and re-reading it: {again})",
+                f"bind pod {key} to node {node}: {err} (and re-reading it: {again})",
                 undo=False,  # pragma: no mutate: undo=None is as falsy as False
             ) from None
-        if latest.metadata.uid == pod.metadata.uid and latest.spec.node_name == node:
+        if latest.metadata.uid == pod.uid and latest.spec.node_name == node:
             # pragma: no mutate start, apply_pod tells only DELETED apart: None would act alike
             self._cache.apply_pod(EventType.MODIFIED, latest)
             # pragma: no mutate end
             return True
-        raise BindRefused(f"bind pod {pod.key} to node {node}: {err}")
+        raise BindRefused(f"bind pod {key} to node {node}: {err}")
 
     def _read(self, namespace: str, name: str) -> Pod:
         try:

@@ -134,6 +134,8 @@ class SchedulerCache:
         """Each node's view last numbered, and its state's number."""
         self._numbers = count()
         self._observed: OrderedDict[str, None] = OrderedDict()
+        self._filtered: OrderedDict[str, PendingPod] = OrderedDict()
+        """The pods filter saw, by UID, newest last: what bind reads instead of the API."""
         self._next_expiry = 0.0
         # served_schedulers None: neither book looks at a pod's schedulerName.
         self._refused = RefusedPods(served_schedulers)
@@ -304,9 +306,28 @@ class SchedulerCache:
         fits nowhere it is remembered for the requeue nudge (extender.requeue)."""
         with self._lock:
             self._observe(pod.uid or pod.key, pod.request, pod.policy)
+            if pod.uid:
+                self._filtered[pod.uid] = pod
+                self._filtered.move_to_end(pod.uid)
+                # Far more pods than kube-scheduler has between filter and bind at once.
+                if len(self._filtered) > 10_000:  # pragma: no mutate: a size, not a rule
+                    self._filtered.popitem(last=False)  # pragma: no mutate: which goes, a size
             answers = self._answers(pod, names)
             self._refused.filtered(pod.key, pod.uid, answers.fits_nowhere())
             return answers
+
+    def filtered(self, key: str, uid: str) -> PendingPod | None:
+        """The pod `key` as filter last saw it with this UID, unless the watch shows it
+        bound, being deleted or made again since: what bind places without reading the
+        pod from the API server. A pod's resources cannot change after it is created."""
+        with self._lock:
+            pending = self._filtered.get(uid)
+            if pending is None or pending.key != key:
+                return None
+            record = self._pods.get(key)
+            if record is not None and (record.uid != uid or record.node or record.deleting):
+                return None
+            return pending
 
     def answers(self, pod: PendingPod, names: list[str]) -> Answers:
         """The pod's answer on each node, against the current state (what prioritize
@@ -511,6 +532,15 @@ class SchedulerCache:
             else:
                 self._state.add_pod(key, assumed.allocation)
         self._fits.clear()
+        if self.synced:
+            self._number_states()
+
+    def _number_states(self) -> None:
+        # Once per listing rather than in the first request after it: at 5,000 nodes
+        # making every node's view and state number takes ~80 ms, which the first pod
+        # would wait for on top of evaluating its shape (bench/extender_bench.py).
+        for name, node in self._state.nodes.items():
+            self._state_number(name, node.view())
 
     def _put_node(self, node: Node) -> bool:
         """Takes the node's labels and GPUs; False when nothing placement reads changed."""

@@ -6,7 +6,7 @@ import threading
 from collections import defaultdict
 
 from gpushare import annotation
-from gpushare.cluster import ClusterError, EventSeverity
+from gpushare.cluster import ClusterError, EventSeverity, ObjectRef
 from gpushare.cluster.memory import MemoryCluster
 from gpushare.inventory import parse_layout
 from gpushare.state import ClusterState
@@ -324,6 +324,8 @@ def test_a_pod_filter_saw_is_bound_without_reading_it_again():
         assert s.bind(seen, "n") == ""
         assert cluster.reads == []
         assert allocation_of(cluster, "default", "seen").total_mem == 4
+        [event] = [e for e in cluster.events if e.reason == "GpuAllocated"]
+        assert event.ref == ObjectRef.of_pod(seen)  # the pod, by its UID
         cluster.reads.clear()  # the test's own read just now
 
         unseen = s.submit(pod("unseen", mem=4))  # bound by a scheduler that did not filter here

@@ -81,7 +81,7 @@ class Binder:
     def _bind(self, args: BindingArgs) -> None:
         self._metrics.assumptions_expired.inc(len(self._cache.expire()))
         key = f"{args.pod_namespace}/{args.pod_name}"
-        pending = self._cache.filtered(key, args.pod_uid) if args.pod_uid else None
+        pending = self._cache.filtered(key, args.pod_uid)  # never one without a UID
         if pending is not None:
             # The pod filter saw, by its UID: no read of it from the API server. The
             # Binding's UID precondition refuses it if the pod was made again since,

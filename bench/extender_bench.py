@@ -20,6 +20,11 @@ and encoding a filter answer of every node with the standard library and with
 orjson (what the verbs use).
 The event-loop thread's CPU per pod over HTTP, against the handlers' in process, is
 what HTTP costs the extender whatever else runs on the machine.
+Over HTTP a second time, the scheduler side is kube-scheduler's own stack: a Go
+client (bench/schedulercaller: net/http, encoding/json, the extender/v1 shapes),
+built when `go` is on PATH (Debian: golang-go) and skipped with the reason
+otherwise. What HTTP adds is its round trip minus the handlers' time for the same
+requests, with and without the client's own JSON work.
 Run: .venv/bin/python bench/extender_bench.py [--nodes 5000] [--policy fgd-lookahead]
 """
 
@@ -30,8 +35,12 @@ import multiprocessing
 import os
 import random
 import resource
+import shutil
 import statistics
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -251,9 +260,10 @@ class Bench:
         ).encode()
 
     def args(self, pod: Pod, names: list[str]) -> bytes:
-        return json.dumps(
+        """ExtenderArgs as kube-scheduler writes them: Go's compact JSON, NodeNames last."""
+        return orjson.dumps(
             {"Pod": {**pod.to_manifest(), "status": {}}, "Nodes": None, "NodeNames": names}
-        ).encode()
+        )
 
     def binds(self, count: int) -> float:
         pods = [self.new_pod(self.rng.randrange(3)) for _ in range(count)]
@@ -338,7 +348,8 @@ def http_client(url: str, bodies: list[tuple[bytes, str, bytes]], results: Any) 
             passed = http.post("/filter", content=args, headers=headers).json()["NodeNames"]
             scores: list[dict[str, Any]] = []
             if len(passed) > 1:
-                body = f'{{"Pod":{manifest_json},"Nodes":null,"NodeNames":{json.dumps(passed)}}}'
+                names = orjson.dumps(passed).decode()
+                body = f'{{"Pod":{manifest_json},"Nodes":null,"NodeNames":{names}}}'
                 scores = http.post("/prioritize", content=body, headers=headers).json()
             latencies.append((time.perf_counter() - started) * 1e3)
             node = best(passed, scores)
@@ -347,6 +358,52 @@ def http_client(url: str, bodies: list[tuple[bytes, str, bytes]], results: Any) 
                     "/bind", content=bind_prefix + json.dumps(node).encode() + b"}", headers=headers
                 )
     results.put(latencies)
+
+
+GO_CALLER = Path(__file__).parent / "schedulercaller"
+
+
+def go_scheduler(workdir: Path) -> Path | str:
+    """The Go scheduler-side caller built into `workdir`; why not, when it cannot be."""
+    go = shutil.which("go")
+    if go is None:
+        return "no `go` on PATH (Debian: apt-get install golang-go)"
+    env = {**os.environ, "GO111MODULE": "off", "GOCACHE": str(workdir / "gocache")}
+    binary = workdir / "schedulercaller"
+    built = subprocess.run(
+        [go, "build", "-o", str(binary), "."],
+        cwd=GO_CALLER,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if built.returncode != 0:
+        last = (built.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"`go build` failed: {last}"
+    return binary
+
+
+def go_stream(
+    binary: Path, url: str, names: list[str], pods: list[Pod]
+) -> list[tuple[float, float]]:
+    """Round trip and client JSON milliseconds per pod, from the Go caller."""
+    with tempfile.TemporaryDirectory(prefix="gp-bench-sched-") as tmp:
+        names_file, pods_file = Path(tmp) / "names.json", Path(tmp) / "pods.jsonl"
+        names_file.write_text(json.dumps(names))
+        pods_file.write_text(
+            "".join(json.dumps({**p.to_manifest(), "status": {}}) + "\n" for p in pods)
+        )
+        done = subprocess.run(
+            [str(binary), url, str(names_file), str(pods_file)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    if done.returncode != 0:
+        raise RuntimeError(f"schedulercaller: {done.stdout.strip()} {done.stderr.strip()}")
+    rows = [line.split() for line in done.stdout.splitlines()]
+    return [(int(total) / 1e6, int(spent) / 1e6) for total, spent in rows]
 
 
 class FullCollections:
@@ -414,6 +471,31 @@ def codec_figures(bench: Bench, repeat: int = 30) -> str:
     )
 
 
+def go_http(bench: Bench, url: str, count: int) -> list[str]:
+    """kube-scheduler's side in Go: what a pod's filter and prioritize take over HTTP,
+    and what that adds to the handlers' own time for the same requests."""
+    with tempfile.TemporaryDirectory(prefix="gp-bench-go-") as tmp:
+        binary = go_scheduler(Path(tmp))
+        if isinstance(binary, str):
+            return [f"HTTP loopback, Go client (as kube-scheduler): skipped, {binary}"]
+        pods = [bench.new_pod(bench.rng.randrange(len(SHAPES))) for _ in range(count)]
+        before = handler_seconds(bench)
+        rows = go_stream(binary, url, bench.names, pods)
+    total, calls = handler_seconds(bench)
+    handler_ms = (total - before[0]) / len(rows) * 1e3
+    trips = [trip for trip, _ in rows]
+    transport = [trip - spent for trip, spent in rows]
+    added = statistics.mean(trips) - handler_ms
+    return [
+        line("HTTP loopback, Go client (as kube-scheduler), wall clock", trips),
+        line("  the same without the client's JSON marshalling and decoding", transport),
+        f"  handlers' time per pod (filter+prioritize, {calls - before[1]} requests): "
+        f"{handler_ms:.2f} ms mean",
+        f"  HTTP adds per pod, mean: {added:.2f} ms with the client's JSON, "
+        f"{statistics.mean(transport) - handler_ms:.2f} ms without (target <= 1 ms)",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=5000)
@@ -473,7 +555,7 @@ def main() -> None:
     pods = [bench.new_pod(bench.rng.randrange(len(SHAPES))) for _ in range(args.pods)]
     bodies = []
     for pod in pods:
-        manifest = json.dumps({**pod.to_manifest(), "status": {}})
+        manifest = orjson.dumps({**pod.to_manifest(), "status": {}}).decode()
         bind = bench.bind_body(pod, "").decode()
         bodies.append((bench.args(pod, bench.names), manifest, bind[: bind.rindex('""')].encode()))
     before = handler_seconds(bench)
@@ -487,6 +569,7 @@ def main() -> None:
     latencies = results.get()
     client.join()
     loop_cpu = time.clock_gettime(loop_clock) - loop_cpu
+    go_figures = go_http(bench, url, args.pods)
     server.stop()
     print(line("HTTP loopback, stream, wall clock", latencies))
     added_p50 = statistics.median(latencies) - statistics.median(samples["wall"])
@@ -500,6 +583,8 @@ def main() -> None:
         f"  server event-loop thread CPU per pod (filter, prioritize, bind's dispatch): "
         f"{per_pod:.2f} ms mean, against {statistics.mean(samples['cpu']):.2f} ms in-process"
     )
+    for text in go_figures:
+        print(text)
     bench.service.stop_watching()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"load average {os.getloadavg()[0]:.1f} at the end; peak RSS {peak:.0f} MiB")

@@ -89,3 +89,29 @@ def test_it_remembers_a_bounded_number_of_lists():
     assert read(["c"]) is first["c"]
     again = read(["a"])
     assert again == ["a"] and again is not first["a"]  # forgotten, decoded again
+
+
+def test_a_list_filter_expects_is_read_as_that_very_object():
+    reader = ExtenderArgsReader()
+    passed = [f"node-{i:03d}" for i in range(0, 50, 3)]
+    reader.expect(passed, json.dumps(passed, separators=(",", ":")))
+    body = f'{{"Pod":{POD},"Nodes":null,"NodeNames":{json.dumps(passed, separators=(",", ":"))}}}'
+    assert reader.read(body.encode()).node_names is passed
+    # Written another way, the same names are decoded again (still read as a full parse).
+    spaced = json.dumps({"Pod": json.loads(POD), "Nodes": None, "NodeNames": passed}).encode()
+    read = reader.read(spaced)
+    assert read.node_names == passed and read.node_names is not passed
+    assert read == parse(ExtenderArgs, spaced)
+
+
+def test_expecting_a_list_again_keeps_it_among_those_remembered():
+    reader = ExtenderArgsReader(remembered=2)
+    kept = ["a", "b"]
+    reader.expect(kept, '["a","b"]')
+    for other in (["c"], ["d"]):
+        reader.expect(kept, '["a","b"]')  # the same list filter passed, asked again
+        reader.expect(other, json.dumps(other))
+    body = f'{{"Pod":{POD},"NodeNames":["a","b"]}}'.encode()
+    assert reader.read(body).node_names is kept
+    forgotten = f'{{"Pod":{POD},"NodeNames":["c"]}}'.encode()
+    assert reader.read(forgotten).node_names == ["c"]

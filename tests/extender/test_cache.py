@@ -55,7 +55,7 @@ def answer(cache: SchedulerCache, mem: int) -> tuple:
 
 def refusal(cache: SchedulerCache, mem: int) -> str:
     """Node n's reason in FailedNodes or FailedAndUnresolvableNodes, "" when it fits."""
-    _, _, failed, unresolvable, _ = answer(cache, mem)
+    _, _, failed, unresolvable, _, _ = answer(cache, mem)
     return failed or unresolvable or ""
 
 

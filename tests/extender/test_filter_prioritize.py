@@ -319,3 +319,34 @@ def test_prioritize_scores_the_nodes_a_pod_does_not_fit_on_zero(cluster, schedul
     scores = s.prioritize(s.submit(pod("big", mem=12)), ["fits", "small", "ghost"])
     assert scores["small"] == 0 and scores["ghost"] == 0
     assert scores["fits"] > 0
+
+
+def test_prioritize_of_filter_passed_nodes_answers_as_any_written_list(cluster, scheduler_for):
+    """kube-scheduler sends prioritize the nodes filter passed, as filter wrote them
+    (compact JSON, in order): that list, recognised from filter's answer, gets the
+    answer the same names written any other way get, also after a bind between."""
+    for i in range(6):
+        cluster.add_node(node(f"n{i}", "2x16GiB"))
+    cluster.add_node(node("small", "1x8GiB"))
+    s = scheduler_for()
+    assert s.schedule(s.submit(pod("first", mem=6))) in {f"n{i}" for i in range(6)}
+    asking = s.submit(pod("asking", mem=10))
+    passed = s.filter(asking)["NodeNames"]
+    assert "small" not in passed and len(passed) == 6
+
+    def both_ways() -> tuple[list, list]:
+        head = f'{{"Pod":{json.dumps(pod_json(asking), separators=(",", ":"))},"Nodes":null'
+        as_go = f'{head},"NodeNames":{json.dumps(passed, separators=(",", ":"))}}}'
+        spaced = f'{head}, "NodeNames": {json.dumps(passed)}}}'
+        json_type = {"Content-Type": "application/json"}
+        answers = [
+            s.http.post("/prioritize", content=body, headers=json_type).json()
+            for body in (as_go, spaced)
+        ]
+        return answers[0], answers[1]
+
+    compact, spaced = both_ways()
+    assert compact == spaced and [p["Host"] for p in compact] == passed
+    assert s.schedule(s.submit(pod("between", mem=12))) in passed
+    compact, spaced = both_ways()
+    assert compact == spaced and [p["Host"] for p in compact] == passed

@@ -8,6 +8,7 @@ import random
 
 from gpushare.allocation import PodAllocation
 from gpushare.extender.cache import SchedulerCache
+from gpushare.extender.fittable import AnswerTable
 from gpushare.extender.pendingpod import PendingPod
 from gpushare.placement.fit import Assignment, Placement, PlacementPolicy
 from gpushare.placement.lookahead import LookaheadFgdPolicy
@@ -217,3 +218,56 @@ def test_nodes_in_one_state_are_evaluated_once_per_shape():
     answer = said(cache, {"mem": 2}, names)
     assert policy.placed == 1  # a00 alone is in a new state
     assert len(answer["passed"]) == 40  # type: ignore[arg-type]
+
+
+def test_prioritize_of_the_nodes_filter_passed_is_their_fresh_priority_list():
+    """prioritize brings filter's own list of passed nodes: its answer is made from
+    filter's kept answer, and stays right when nodes change between the two."""
+    cluster = Cluster(LookaheadFgdPolicy())
+    shape = {"mem": 15}
+    asked = pending("asked", shape)
+
+    def fresh_priorities(names: list[str]) -> list[dict]:
+        every: list[dict] = cluster.fresh(shape)["priorities"]  # type: ignore[assignment]
+        by_host = {p["Host"]: p for p in every}
+        return [by_host[name] for name in names]
+
+    filled = 0
+    while cluster.place("n01", f"first-{filled}", {"mem": 14}):
+        filled += 1
+    passed = cluster.shared.filter(asked, cluster.names).passed_names()
+    assert 2 < len(passed) < len(cluster.names) and "n01" not in passed
+    answer = json.loads(cluster.shared.priorities_json(asked, passed))
+    assert answer == fresh_priorities(passed)
+    # A pod lands on a node that passed and changes its score there; the list stays.
+    for target in passed:
+        assert cluster.place(target, f"between-{target}", {"mem": 9})
+        if fresh_priorities([target]) != [p for p in answer if p["Host"] == target]:
+            break
+    else:
+        raise AssertionError("no 9 GiB pod changed a node's score")
+    answer = json.loads(cluster.shared.priorities_json(asked, passed))
+    assert answer == fresh_priorities(passed)
+    # Filter again: the node filled up and no longer passes, so the list is new.
+    filled = 0
+    while cluster.place(target, f"fill-{filled}", {"mem": 14}):
+        filled += 1
+    again = cluster.shared.filter(asked, cluster.names).passed_names()
+    assert target not in again and again is not passed
+    assert json.loads(cluster.shared.priorities_json(asked, again)) == fresh_priorities(again)
+    # The old list, brought by a late prioritize, is still answered for its own nodes.
+    assert json.loads(cluster.shared.priorities_json(asked, passed)) == fresh_priorities(passed)
+
+
+def test_prioritize_of_the_nodes_filter_passed_looks_up_no_node(monkeypatch):
+    cluster = Cluster(LookaheadFgdPolicy())
+    asked = pending("asked", {"mem": 15})
+    passed = cluster.shared.filter(asked, cluster.names).passed_names()
+    assert cluster.place(passed[1], "between", {"mem": 2})  # one node changed since
+    expected = cluster.shared.answers(asked, list(passed)).priorities_json()
+
+    def no_look_up(*args: object) -> None:
+        raise AssertionError("looked the nodes up one by one")
+
+    monkeypatch.setattr(AnswerTable, "answers", no_look_up)
+    assert cluster.shared.priorities_json(asked, passed) == expected

@@ -76,7 +76,8 @@ class Extender:
     # The verbs, bytes in and bytes out, so the benchmark times exactly what HTTP serves.
 
     def filter(self, body: bytes) -> bytes:
-        return verbs.filter_nodes(self.cache, self.metrics, self.args_reader.read(body))
+        args = self.args_reader.read(body)
+        return verbs.filter_nodes(self.cache, self.metrics, args, self.args_reader)
 
     def prioritize(self, body: bytes) -> bytes:
         return verbs.prioritize_nodes(self.cache, self.args_reader.read(body))

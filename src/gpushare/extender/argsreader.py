@@ -7,7 +7,10 @@ what a request costs. Go writes NodeNames as the last member of ExtenderArgs, so
 a body `H,"NodeNames":X}` is read as two documents: `H}` (the Pod and Nodes, a
 small one) through the model, and X with orjson. A body that ends with
 the exact bytes of a tail read recently is not decoded again: it gets the same
-list object, which the cache then recognises by identity.
+list object, which the cache then recognises by identity. Filter's answer says
+which list prioritize will bring (the nodes that passed, in the order given, which
+kube-scheduler sends back as they came), so filter tells the reader to expect it
+(`expect`): prioritize then gets filter's own list object.
 
 Why this reads what a full parse reads: when `H}` parses as ExtenderArgs, that
 `}` closed the top-level object, so in the whole body X is the value of its last
@@ -33,7 +36,31 @@ class ExtenderArgsReader:
     def __init__(self, remembered: int = _TAILS) -> None:
         self._remembered = remembered
         self._tails: OrderedDict[bytes, list[str]] = OrderedDict()
+        self._expected: dict[int, bytes] = {}
+        """The tail expected for each list object `expect` was given (by id; kept with
+        the list in `_tails`)."""
         self._lock = threading.Lock()
+
+    def expect(self, names: list[str], names_json: str) -> None:
+        """A body whose NodeNames are `names_json` (how kube-scheduler writes `names`:
+        compact JSON) is to be read as `names`, this very object."""
+        with self._lock:
+            tail = self._expected.get(id(names))
+            if tail is not None and self._tails.get(tail) is names:
+                self._tails.move_to_end(tail)
+                return
+            tail = b',"NodeNames":' + names_json.encode() + b"}"
+            self._expected[id(names)] = tail
+            self._remember(tail, names)
+
+    def _remember(self, tail: bytes, names: list[str]) -> None:
+        """Called with the lock held."""
+        self._tails[tail] = names
+        self._tails.move_to_end(tail)
+        while len(self._tails) > self._remembered:
+            _, gone = self._tails.popitem(last=False)
+            if self._expected.get(id(gone)) is not None:
+                del self._expected[id(gone)]
 
     def read(self, body: bytes) -> ExtenderArgs:
         """The body as ExtenderArgs, exactly as `wire.parse` reads it (same errors)."""
@@ -76,9 +103,7 @@ class ExtenderArgsReader:
             return None
         tail = body[comma:]
         with self._lock:
-            self._tails[tail] = names
-            while len(self._tails) > self._remembered:
-                self._tails.popitem(last=False)
+            self._remember(tail, names)
         return head.model_copy(update={"node_names": names})
 
 

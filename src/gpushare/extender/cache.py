@@ -335,6 +335,12 @@ class SchedulerCache:
         with self._lock:
             return self._answers(pod, names)
 
+    def priorities_json(self, pod: PendingPod, names: list[str]) -> str:
+        """Prioritize's answer for the pod on these nodes, against the current state."""
+        with self._lock:
+            table = self._table(pod.request, pod.policy)
+            return table.priorities_json(names, _Evaluation(self, pod.request, pod.policy))
+
     def reserve(self, pod: PendingPod, node: str, bound_at: datetime) -> PodAllocation | Refusal:
         """Places the pod on the node against the latest state and reserves the
         allocation (as assume()), in one critical section: a filter or a bind running

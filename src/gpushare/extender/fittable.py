@@ -33,15 +33,16 @@ class NodeFit(NamedTuple):
     """0..10 for the extender, 0 when refused."""
 
 
-_Entry = tuple[str | None, str | None, str | None, str | None, str]
+_Entry = tuple[str | None, str | None, str | None, str | None, str, str | None]
 """A node's answer as filter and prioritize send it: the node name as JSON when
 the pod fits; the rule it breaks there when it does not; `"node":"reason"` for
-FailedNodes or for FailedAndUnresolvableNodes; `{"Host":"node","Score":n}`.
+FailedNodes or for FailedAndUnresolvableNodes; `{"Host":"node","Score":n}`; that
+priority again when the pod fits (what prioritize sends for the nodes filter passed).
 A plain tuple of strings, which the garbage collector stops tracking."""
 
 
-_PASSED, _RULE, _FAILED, _UNRESOLVABLE, _PRIORITY = range(5)
-_PART = tuple(itemgetter(part) for part in range(5))
+_PASSED, _RULE, _FAILED, _UNRESOLVABLE, _PRIORITY, _PASSED_PRIORITY = range(6)
+_PART = tuple(itemgetter(part) for part in range(6))
 _BLOCK = 128
 """Entries per block: a changed node re-joins its block of fragments, and the answer
 joins the blocks."""
@@ -54,7 +55,7 @@ class Answers:
     changed nodes gets a patched copy, which re-joins only the blocks of fragments
     where a node's fragment changed."""
 
-    __slots__ = ("_blocks", "_joined", "_rules", "entries")
+    __slots__ = ("_blocks", "_joined", "_passed_names", "_rules", "entries")
 
     def __init__(self, entries: list[_Entry]) -> None:
         self.entries = entries
@@ -62,6 +63,10 @@ class Answers:
         """Per part of an entry, each block's fragments joined (None: not yet)."""
         self._joined: dict[int, str] = {}
         self._rules: dict[str, int] | None = None
+        self._passed_names: list[str] | None = None
+        """The names that passed, in order, once asked for; a copy whose passed nodes
+        are the same keeps the same list object (`AnswerTable.passed_priorities_json`
+        recognises it by identity)."""
 
     def patched(self, changes: list[tuple[int, _Entry]]) -> "Answers":
         """A copy with entries replaced at these positions, keeping what they leave as it was."""
@@ -70,6 +75,8 @@ class Answers:
         for i, new in changes:
             entries[i] = new
         copy = Answers(entries)
+        if all(new[_PASSED] == old[_PASSED] for _, old, new in swaps):
+            copy._passed_names = self._passed_names
         for part, blocks in self._blocks.items():
             moved = [i for i, old, new in swaps if new[part] != old[part]]
             if not moved:
@@ -114,6 +121,13 @@ class Answers:
     def passed(self) -> set[str]:
         return {orjson.loads(name) for name in filter(None, map(_PART[_PASSED], self.entries))}
 
+    def passed_names(self) -> list[str]:
+        """The names that passed, in the candidates' order: the list kube-scheduler
+        sends prioritize when this is filter's answer."""
+        if self._passed_names is None:
+            self._passed_names = orjson.loads(self.passed_json())
+        return self._passed_names
+
     def failed_json(self) -> str:
         """The FailedNodes object, as JSON."""
         return self._json(_FAILED, "{", "}")
@@ -131,6 +145,12 @@ class Answers:
     def priorities_json(self) -> str:
         """The HostPriorityList, as JSON."""
         return self._json(_PRIORITY, "[", "]")
+
+    def passed_priorities_json(self) -> str:
+        """The HostPriorityList of the nodes that passed, as JSON: prioritize's answer
+        for `passed_names()`, kept in blocks like the others, so that after a node
+        changes it costs the blocks that changed, not a look-up per node."""
+        return self._json(_PASSED_PRIORITY, "[", "]")
 
 
 _RECENT = 4
@@ -197,14 +217,14 @@ class _Answer(NamedTuple):
         key = orjson.dumps(name).decode()
         priority = '{"Host":' + key + self.score
         if self.reason is None:
-            return (key, None, None, None, priority)
+            return (key, None, None, None, priority, priority)
         named = key[1:-1] if "%" not in name else orjson.dumps(for_scheduler(name)).decode()[1:-1]
         reason = key + ":" + self.reason.replace(_ANONYMOUS_JSON, named)
         refusal = self.fit.refusal
         assert refusal is not None
         if refusal.rule.resolvable:
-            return (None, refusal.rule.value, reason, None, priority)
-        return (None, refusal.rule.value, None, reason, priority)
+            return (None, refusal.rule.value, reason, None, priority, None)
+        return (None, refusal.rule.value, None, reason, priority, None)
 
 
 class AnswerTable(FitTable[str, _Entry]):
@@ -228,10 +248,7 @@ class AnswerTable(FitTable[str, _Entry]):
     def answers(self, names: list[str], evaluation: Evaluation) -> Answers:
         """Every node's entry, evaluating the nodes that have none yet."""
         self._revalidate(evaluation)
-        if self.stale:
-            for lookup in self._recent:
-                lookup.stale |= self.stale
-            self.stale.clear()
+        self._spread_stale()
         recent = sorted(self._recent, key=lambda lookup: lookup.names is not names)
         for lookup in recent:  # the same list object first: no need to compare names
             same = lookup.names is names or lookup.names == names
@@ -245,6 +262,21 @@ class AnswerTable(FitTable[str, _Entry]):
         lookup = _Lookup(names, Answers(entries))  # type: ignore[arg-type]
         self._recent = [*self._recent, lookup][-_RECENT:]
         return lookup.answers
+
+    def priorities_json(self, names: list[str], evaluation: Evaluation) -> str:
+        """Prioritize's answer for these candidates. When they are the nodes a recent
+        filter answer passed (`Answers.passed_names`, recognised by identity: the
+        args reader hands back the list filter expected) and none of that answer's
+        nodes changed since, it is made from that answer's kept blocks; otherwise
+        looked up node by node like any list."""
+        for lookup in self._recent:
+            if lookup.answers._passed_names is names:
+                self._revalidate(evaluation)
+                self._spread_stale()
+                if self._refresh(lookup, evaluation) and lookup.answers._passed_names is names:
+                    return lookup.answers.passed_priorities_json()
+                break
+        return self.answers(names, evaluation).priorities_json()
 
     def _entry(self, name: str, evaluation: Evaluation) -> _Entry:
         state = evaluation.state(name)
@@ -261,6 +293,13 @@ class AnswerTable(FitTable[str, _Entry]):
         nodes.add(name)
         entry = self.results[name] = known[1].entry(name)
         return entry
+
+    def _spread_stale(self) -> None:
+        """Hands the nodes that changed to every candidate list kept."""
+        if self.stale:
+            for lookup in self._recent:
+                lookup.stale |= self.stale
+            self.stale.clear()
 
     def forget(self, node: str) -> None:
         super().forget(node)

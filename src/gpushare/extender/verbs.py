@@ -11,13 +11,22 @@ as unresolvable, since no node and no amount of waiting can help.
 from typing import Any
 
 from gpushare.errors import PodRefused
+from gpushare.extender.argsreader import ExtenderArgsReader
 from gpushare.extender.cache import SchedulerCache
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.pendingpod import PendingPod
 from gpushare.extender.wire import ExtenderArgs, PreemptionArgs, dumps, for_scheduler
 
 
-def filter_nodes(cache: SchedulerCache, metrics: ExtenderMetrics, args: ExtenderArgs) -> bytes:
+def filter_nodes(
+    cache: SchedulerCache,
+    metrics: ExtenderMetrics,
+    args: ExtenderArgs,
+    reader: ExtenderArgsReader | None = None,
+) -> bytes:
+    """`reader`, when given, is told which list prioritize will bring: the nodes that
+    passed (prioritize's answer is then made from filter's, see
+    `AnswerTable.priorities_json`)."""
     names = args.candidates()
     try:
         pending = cache.pending(args.pod)
@@ -34,7 +43,10 @@ def filter_nodes(cache: SchedulerCache, metrics: ExtenderMetrics, args: Extender
         metrics.filter_rejections.labels(rule).inc(count)
     failed, unresolvable = answers.failed_json(), answers.unresolvable_json()
     if args.node_names is not None:
-        return _filter_answer("null", answers.passed_json(), failed, unresolvable)
+        passed = answers.passed_json()
+        if reader is not None and not answers.fits_nowhere():
+            reader.expect(answers.passed_names(), passed)
+        return _filter_answer("null", passed, failed, unresolvable)
     return _filter_answer(_echo(args, answers.passed()), "null", failed, unresolvable)
 
 
@@ -64,7 +76,7 @@ def prioritize_nodes(cache: SchedulerCache, args: ExtenderArgs) -> bytes:
     pending = _pending_or_none(cache, args)
     if pending is None:
         return dumps([{"Host": name, "Score": 0} for name in names])
-    return cache.answers(pending, names).priorities_json().encode()
+    return cache.priorities_json(pending, names).encode()
 
 
 def preempt_nodes(cache: SchedulerCache, args: PreemptionArgs) -> bytes:

@@ -24,7 +24,9 @@ Over HTTP a second time, the scheduler side is kube-scheduler's own stack: a Go
 client (bench/schedulercaller: net/http, encoding/json, the extender/v1 shapes),
 built when `go` is on PATH (Debian: golang-go) and skipped with the reason
 otherwise. What HTTP adds is its round trip minus the handlers' time for the same
-requests, with and without the client's own JSON work.
+requests, with and without the client's own JSON work; its floor, the same Go
+stream against a server that only reads each body and sends answers of the same
+bytes, kept beforehand.
 Run: .venv/bin/python bench/extender_bench.py [--nodes 5000] [--policy fgd-lookahead]
 """
 
@@ -45,6 +47,10 @@ from typing import Any
 
 import httpx
 import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response
+from starlette.routing import Route
 
 from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.extender.argsreader import ExtenderArgsReader
@@ -481,11 +487,13 @@ def go_http(bench: Bench, url: str, count: int) -> list[str]:
         pods = [bench.new_pod(bench.rng.randrange(len(SHAPES))) for _ in range(count)]
         before = handler_seconds(bench)
         rows = go_stream(binary, url, bench.names, pods)
-    total, calls = handler_seconds(bench)
+        total, calls = handler_seconds(bench)
+        floor = go_floor(binary, bench, count)
     handler_ms = (total - before[0]) / len(rows) * 1e3
     trips = [trip for trip, _ in rows]
     transport = [trip - spent for trip, spent in rows]
     added = statistics.mean(trips) - handler_ms
+    floor_transport = [trip - spent for trip, spent in floor]
     return [
         line("HTTP loopback, Go client (as kube-scheduler), wall clock", trips),
         line("  the same without the client's JSON marshalling and decoding", transport),
@@ -493,7 +501,63 @@ def go_http(bench: Bench, url: str, count: int) -> list[str]:
         f"{handler_ms:.2f} ms mean",
         f"  HTTP adds per pod, mean: {added:.2f} ms with the client's JSON, "
         f"{statistics.mean(transport) - handler_ms:.2f} ms without (target <= 1 ms)",
+        line("  floor: the same answers from a server that only sends them", floor_transport),
+        f"    (without the client's JSON; {statistics.mean(floor_transport):.2f} ms mean; "
+        f"bytes per pod: {floor_bytes(bench) / 1024:.0f} KiB both ways)",
     ]
+
+
+def captured(bench: Bench) -> list[tuple[bytes, bytes, bytes]]:
+    """For one unbound pod of each shape: the filter body and the extender's filter and
+    prioritize answers, as the stream sends and gets them."""
+    kept = []
+    for shape in range(len(SHAPES)):
+        pod = bench.new_pod(shape)
+        body = bench.args(pod, bench.names)
+        answer = bench.extender.filter(body)
+        passed = orjson.loads(answer)["NodeNames"]
+        kept.append((body, answer, bench.extender.prioritize(bench.args(pod, passed))))
+    return kept
+
+
+def floor_bytes(bench: Bench) -> float:
+    """Mean bytes a pod's filter and prioritize carry, bodies and answers."""
+    sizes = [
+        len(body) * 2 + len(filtered) + len(scored) for body, filtered, scored in captured(bench)
+    ]
+    return statistics.mean(sizes)
+
+
+def go_floor(binary: Path, bench: Bench, count: int) -> list[tuple[float, float]]:
+    """The Go stream against a server that does nothing but read each body and send
+    the extender's answers for the pods of the stream's shapes, kept beforehand: what
+    uvicorn, Starlette, loopback and Go's HTTP client cost at these sizes."""
+    answers = captured(bench)
+    turn = [0]
+
+    async def filtered(request: HttpRequest) -> Response:
+        await request.body()
+        turn[0] += 1
+        return Response(answers[turn[0] % len(answers)][1], media_type="application/json")
+
+    async def scored(request: HttpRequest) -> Response:
+        await request.body()
+        return Response(answers[turn[0] % len(answers)][2], media_type="application/json")
+
+    async def bound(request: HttpRequest) -> Response:
+        await request.body()
+        return Response(b'{"Error":""}', media_type="application/json")
+
+    routes = [
+        Route(f"/{verb}", handler, methods=["POST"])
+        for verb, handler in (("filter", filtered), ("prioritize", scored), ("bind", bound))
+    ]
+    server = HttpServer(Starlette(routes=routes)).start()
+    try:
+        pods = [bench.new_pod(bench.rng.randrange(len(SHAPES))) for _ in range(count)]
+        return go_stream(binary, server.url, bench.names, pods)
+    finally:
+        server.stop()
 
 
 def main() -> None:

@@ -24,7 +24,6 @@ Run: .venv/bin/python bench/deviceplugin_bench.py [--calls N]
 import argparse
 import gc
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
+from gobuild import go_build
 
 from gpushare import annotation
 from gpushare.cluster.memory import MemoryCluster, gpu_node
@@ -172,26 +172,13 @@ def python_caller() -> Caller:
 
 def go_caller(workdir: Path) -> Caller | str:
     """The Go caller, built into `workdir`; why not, when it cannot be built."""
-    go = shutil.which("go")
-    if go is None:
-        return "no `go` on PATH (Debian: apt-get install golang-go golang-google-grpc-dev)"
-    env = dict(os.environ)
-    if "GOPATH" not in env and DEBIAN_GOPATH.is_dir():
-        env.update(GOPATH=str(DEBIAN_GOPATH), GO111MODULE="off")  # Debian's packaged grpc-go
-    env.setdefault("GOCACHE", str(workdir / "gocache"))
-    binary = workdir / "kubeletcaller"
-    built = subprocess.run(
-        [go, "build", "-o", str(binary), "."],
-        cwd=GO_CALLER,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if built.returncode != 0:
-        last = (built.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"`go build` failed ({last}); it needs grpc-go (Debian: golang-google-grpc-dev)"
-    return Caller("Go (grpc-go, as the kubelet)", [str(binary)])
+    env = {}
+    if "GOPATH" not in os.environ and DEBIAN_GOPATH.is_dir():
+        env = {"GOPATH": str(DEBIAN_GOPATH), "GO111MODULE": "off"}  # Debian's packaged grpc-go
+    built = go_build(GO_CALLER, workdir / "kubeletcaller", env, "golang-google-grpc-dev")
+    if isinstance(built, str):
+        return built
+    return Caller("Go (grpc-go, as the kubelet)", [str(built)])
 
 
 def serve_calls(socket: str, method: str, request_hex: str) -> None:

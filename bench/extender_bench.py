@@ -37,7 +37,6 @@ import multiprocessing
 import os
 import random
 import resource
-import shutil
 import statistics
 import subprocess
 import tempfile
@@ -47,6 +46,7 @@ from typing import Any
 
 import httpx
 import orjson
+from gobuild import go_build
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
@@ -371,23 +371,7 @@ GO_CALLER = Path(__file__).parent / "schedulercaller"
 
 def go_scheduler(workdir: Path) -> Path | str:
     """The Go scheduler-side caller built into `workdir`; why not, when it cannot be."""
-    go = shutil.which("go")
-    if go is None:
-        return "no `go` on PATH (Debian: apt-get install golang-go)"
-    env = {**os.environ, "GO111MODULE": "off", "GOCACHE": str(workdir / "gocache")}
-    binary = workdir / "schedulercaller"
-    built = subprocess.run(
-        [go, "build", "-o", str(binary), "."],
-        cwd=GO_CALLER,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if built.returncode != 0:
-        last = (built.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"`go build` failed: {last}"
-    return binary
+    return go_build(GO_CALLER, workdir / "schedulercaller", {"GO111MODULE": "off"})
 
 
 def go_stream(

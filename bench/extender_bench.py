@@ -1,8 +1,10 @@
 """Extender speed on a 5,000-node cluster: filter+prioritize latency and bind throughput.
 
 Filter+prioritize are measured as kube-scheduler calls them with nodeCacheCapable
-true (NodeNames only; prioritize gets the nodes that passed), for a stream of new
-pods, each bound to its best node before the next so one node changes per pod.
+true (NodeNames only, every node a candidate, in a new order for each pod as
+kube-scheduler's parallel filter lists them; prioritize gets the nodes that passed),
+for a stream of new pods, each bound to its best node before the next so one node
+changes per pod.
 In-process, the handlers are timed from JSON bytes in to JSON bytes out (parsing,
 the cache, encoding), in wall-clock and in thread-CPU time (what the handler costs
 when other processes share the CPUs). Over HTTP on loopback, the scheduler side
@@ -184,8 +186,12 @@ class Causes:
         return tuple(p.epoch for p in self.bench.extender.cache._policy_objects.values())
 
     def new_list(self, body: bytes) -> bool:
+        """Neither the bytes nor the set of names of a list the reader remembers."""
         reader = self.bench.extender.args_reader
-        return not any(body.endswith(tail) for tail in reader._tails)
+        if any(body.endswith(tail) for tail in reader._tails):
+            return False
+        names = set(orjson.loads(body[body.rindex(b'"NodeNames":') + 12 : -1]))
+        return not any(names == set(known) for known in reader._tails.values())
 
     def start(self, pod: Pod, body: bytes) -> Request:
         pending = self.bench.extender.cache.pending(pod)
@@ -255,6 +261,14 @@ class Bench:
         self.service = self.start()
         self.extender = self.service.extender
 
+    def candidates(self) -> list[str]:
+        """Every node, in a new order: kube-scheduler runs its own filters on the nodes
+        in parallel and lists those that pass as its workers finish, so each pod's
+        filter brings the same names in another order."""
+        names = list(self.names)
+        self.rng.shuffle(names)
+        return names
+
     def new_pod(self, shape: int) -> Pod:
         self.count += 1
         return self.cluster.create_pod(make_pod(f"p{self.count}", shape))
@@ -284,7 +298,7 @@ class Bench:
         """Wall and thread-CPU milliseconds spent in the two handlers (building the
         scheduler's bodies and reading the answers is not counted). What applied to
         the request is noted in `self.causes` (`Causes`)."""
-        body = self.args(pod, self.names)
+        body = self.args(pod, self.candidates())
         causes = self.causes.start(pod, body)
         causes.enter()
         wall, cpu = time.perf_counter(), time.thread_time()
@@ -605,7 +619,8 @@ def main() -> None:
     for pod in pods:
         manifest = orjson.dumps({**pod.to_manifest(), "status": {}}).decode()
         bind = bench.bind_body(pod, "").decode()
-        bodies.append((bench.args(pod, bench.names), manifest, bind[: bind.rindex('""')].encode()))
+        candidates = bench.candidates()
+        bodies.append((bench.args(pod, candidates), manifest, bind[: bind.rindex('""')].encode()))
     before = handler_seconds(bench)
     assert server._thread is not None and server._thread.ident is not None
     loop_clock = time.pthread_getcpuclockid(server._thread.ident)

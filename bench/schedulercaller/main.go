@@ -5,7 +5,8 @@
 // Usage: schedulercaller URL_PREFIX NAMES_JSON PODS_JSONL
 //
 // NAMES_JSON holds the candidate node names (a JSON array); PODS_JSONL one pod
-// manifest per line. For each pod it posts filter with every name, prioritize with
+// manifest per line. For each pod it posts filter with every name (in a new order
+// each time, as kube-scheduler's parallel filter lists them), prioritize with
 // the names that passed (when more than one did), then bind to the best-scored node,
 // as kube-scheduler's extender client does. For each pod it prints one line:
 //
@@ -24,6 +25,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand"
 	"net/http"
 	"os"
 	"time"
@@ -136,6 +138,7 @@ func run(prefix, namesPath, podsPath string) error {
 	}
 	defer pods.Close()
 	c := &caller{client: &http.Client{Timeout: 60 * time.Second}, prefix: prefix}
+	order := rand.New(rand.NewSource(1))
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()
 	lines := bufio.NewScanner(pods)
@@ -146,10 +149,16 @@ func run(prefix, namesPath, podsPath string) error {
 		if err := json.Unmarshal(manifest, &meta); err != nil {
 			return fmt.Errorf("%s: %v", podsPath, err)
 		}
+		// kube-scheduler lists the nodes that pass its own filters as its parallel
+		// workers finish: each pod's candidates come in another order.
+		candidates := append([]string(nil), names...)
+		order.Shuffle(len(candidates), func(i, j int) {
+			candidates[i], candidates[j] = candidates[j], candidates[i]
+		})
 		c.jsonTime = 0
 		started := time.Now()
 		var filtered filterResult
-		if err := c.post("filter", extenderArgs{Pod: manifest, NodeNames: &names}, &filtered); err != nil {
+		if err := c.post("filter", extenderArgs{Pod: manifest, NodeNames: &candidates}, &filtered); err != nil {
 			return err
 		}
 		if filtered.Error != "" {

@@ -97,11 +97,37 @@ def test_a_list_filter_expects_is_read_as_that_very_object():
     reader.expect(passed, json.dumps(passed, separators=(",", ":")))
     body = f'{{"Pod":{POD},"Nodes":null,"NodeNames":{json.dumps(passed, separators=(",", ":"))}}}'
     assert reader.read(body.encode()).node_names is passed
-    # Written another way, the same names are decoded again (still read as a full parse).
+    # Written another way, the same names are decoded again, and found to be that list.
     spaced = json.dumps({"Pod": json.loads(POD), "Nodes": None, "NodeNames": passed}).encode()
     read = reader.read(spaced)
-    assert read.node_names == passed and read.node_names is not passed
+    assert read.node_names is passed
     assert read == parse(ExtenderArgs, spaced)
+
+
+def test_the_same_names_in_another_order_are_read_as_the_list_remembered():
+    """kube-scheduler lists the nodes that pass its filters in the order its parallel
+    workers finish: each pod's candidates are the same names in another order."""
+    reader = ExtenderArgsReader()
+    names = json.loads(NAMES)
+    first = reader.read(BODIES[0].encode()).node_names
+    shuffled = names[25:] + names[:25]
+
+    def body(listed: list[str]) -> bytes:
+        return f'{{"Pod":{POD},"Nodes":null,"NodeNames":{json.dumps(listed)}}}'.encode()
+
+    assert reader.read(body(shuffled)).node_names is first
+    # Not the same names: one left out, one replaced, one twice.
+    for other in (names[1:], ["other", *names[1:]], [names[1], *names[1:]]):
+        read = reader.read(body(other))
+        assert read.node_names is not first and read == parse(ExtenderArgs, body(other))
+    # A permuted body is not remembered (its order does not come again): the two
+    # lists remembered beside it stay, and the first is still recognised.
+    small = ExtenderArgsReader(remembered=2)
+    first = small.read(BODIES[0].encode()).node_names
+    kept = small.read(body(["x", "y"])).node_names
+    for _ in range(3):
+        assert small.read(body(shuffled)).node_names is first
+    assert small.read(body(["x", "y"])).node_names is kept
 
 
 def test_expecting_a_list_again_keeps_it_among_those_remembered():

@@ -1,7 +1,7 @@
 """Reads filter and prioritize bodies without decoding a candidate list seen before.
 
 With nodeCacheCapable true, kube-scheduler sends every pod's filter and
-prioritize with the same few NodeNames lists (the nodes that passed its own
+prioritize with the same few sets of NodeNames (the nodes that passed its own
 filters, then ours), and decoding 5,000 names through the full model is most of
 what a request costs. Go writes NodeNames as the last member of ExtenderArgs, so
 a body `H,"NodeNames":X}` is read as two documents: `H}` (the Pod and Nodes, a
@@ -11,6 +11,14 @@ list object, which the cache then recognises by identity. Filter's answer says
 which list prioritize will bring (the nodes that passed, in the order given, which
 kube-scheduler sends back as they came), so filter tells the reader to expect it
 (`expect`): prioritize then gets filter's own list object.
+
+kube-scheduler filters nodes in parallel and lists those that pass its own filters
+in the order its workers finish, so filter's candidates come in a different order
+for each pod. A list that holds exactly the names of one remembered (as many names,
+the same set, none twice) is read as that remembered list, in its order: answers
+name nodes, never positions (kube-scheduler looks each name up), so a list's order
+is free, and the cache goes on answering one list object. Such a body is not
+remembered itself: its order will not come again.
 
 Why this reads what a full parse reads: when `H}` parses as ExtenderArgs, that
 `}` closed the top-level object, so in the whole body X is the value of its last
@@ -36,6 +44,8 @@ class ExtenderArgsReader:
     def __init__(self, remembered: int = _TAILS) -> None:
         self._remembered = remembered
         self._tails: OrderedDict[bytes, list[str]] = OrderedDict()
+        self._sets: dict[int, tuple[list[str], frozenset[str]]] = {}
+        """Each remembered list's names as a set, once asked for (by id, with the list)."""
         self._expected: dict[int, bytes] = {}
         """The tail expected for each list object `expect` was given (by id; kept with
         the list in `_tails`)."""
@@ -59,8 +69,27 @@ class ExtenderArgsReader:
         self._tails.move_to_end(tail)
         while len(self._tails) > self._remembered:
             _, gone = self._tails.popitem(last=False)
-            if self._expected.get(id(gone)) is not None:
-                del self._expected[id(gone)]
+            if any(names is gone for names in self._tails.values()):
+                continue  # still remembered under another tail
+            self._expected.pop(id(gone), None)
+            self._sets.pop(id(gone), None)
+
+    def _same_names(self, names: list[str]) -> list[str] | None:
+        """A remembered list of exactly these names, or None (called with the lock held)."""
+        asked: set[str] | None = None
+        for known in self._tails.values():
+            if len(known) != len(names):
+                continue
+            if asked is None:
+                asked = set(names)
+                if len(asked) != len(names):
+                    return None  # a name twice: the list is read as it is
+            kept = self._sets.get(id(known))
+            if kept is None or kept[0] is not known:
+                kept = self._sets[id(known)] = (known, frozenset(known))
+            if kept[1] == asked:
+                return known
+        return None
 
     def read(self, body: bytes) -> ExtenderArgs:
         """The body as ExtenderArgs, exactly as `wire.parse` reads it (same errors)."""
@@ -103,7 +132,11 @@ class ExtenderArgsReader:
             return None
         tail = body[comma:]
         with self._lock:
-            self._remember(tail, names)
+            same = self._same_names(names)
+            if same is None:
+                self._remember(tail, names)
+            else:
+                names = same
         return head.model_copy(update={"node_names": names})
 
 

@@ -350,3 +350,22 @@ def test_prioritize_of_filter_passed_nodes_answers_as_any_written_list(cluster, 
     assert s.schedule(s.submit(pod("between", mem=12))) in passed
     compact, spaced = both_ways()
     assert compact == spaced and [p["Host"] for p in compact] == passed
+
+
+def test_the_same_candidates_in_another_order_get_the_same_answer(cluster, scheduler_for):
+    """kube-scheduler lists the candidates in the order its parallel filter finishes:
+    each order gets the answer the first one got, naming the same nodes."""
+    for i in range(8):
+        cluster.add_node(node(f"n{i}", "1x16GiB" if i % 2 else "1x8GiB"))
+    s = scheduler_for()
+    asking = s.submit(pod("asking", mem=10))
+    names = [f"n{i}" for i in range(8)]
+    first = s.filter(asking, names)
+    assert set(first["NodeNames"]) == {"n1", "n3", "n5", "n7"}
+    for order in (names[::-1], names[3:] + names[:3]):
+        again = s.filter(asking, order)
+        assert again == first
+    # A bind between: the answer follows the node that changed, in any order.
+    assert s.schedule(s.submit(pod("big", mem=14))) in first["NodeNames"]
+    after = s.filter(asking, names[::-1])
+    assert len(after["NodeNames"]) == 3 and s.filter(asking, names) == after

@@ -141,3 +141,15 @@ def test_expecting_a_list_again_keeps_it_among_those_remembered():
     assert reader.read(body).node_names is kept
     forgotten = f'{{"Pod":{POD},"NodeNames":["c"]}}'.encode()
     assert reader.read(forgotten).node_names == ["c"]
+
+
+def test_a_list_read_in_other_orders_stays_remembered():
+    reader = ExtenderArgsReader(remembered=2)
+    names = json.loads(NAMES)
+    first = reader.read(BODIES[0].encode()).node_names
+    for i in range(1, 6):
+        others = [f"other-{i}"]
+        reader.read(f'{{"Pod":{POD},"NodeNames":{json.dumps(others)}}}'.encode())
+        shuffled = names[i:] + names[:i]  # its bytes never seen: found by its names
+        body = f'{{"Pod":{POD},"NodeNames":{json.dumps(shuffled)}}}'.encode()
+        assert reader.read(body).node_names is first

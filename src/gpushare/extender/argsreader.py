@@ -75,9 +75,10 @@ class ExtenderArgsReader:
             self._sets.pop(id(gone), None)
 
     def _same_names(self, names: list[str]) -> list[str] | None:
-        """A remembered list of exactly these names, or None (called with the lock held)."""
+        """A remembered list of exactly these names, now the most recently used, or None
+        (called with the lock held)."""
         asked: set[str] | None = None
-        for known in self._tails.values():
+        for tail, known in self._tails.items():
             if len(known) != len(names):
                 continue
             if asked is None:
@@ -88,6 +89,9 @@ class ExtenderArgsReader:
             if kept is None or kept[0] is not known:
                 kept = self._sets[id(known)] = (known, frozenset(known))
             if kept[1] == asked:
+                # Its own bytes may never come again (each pod's order is new): used
+                # this way it must stay remembered, or a later pod's list is new.
+                self._tails.move_to_end(tail)
                 return known
         return None
 

@@ -30,6 +30,7 @@ import ast
 import fnmatch
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -219,6 +220,22 @@ def mutmut(*args: str, quiet: bool = False) -> str:
     return run.stdout or ""
 
 
+def refresh_copied_sources() -> None:
+    """Copies src/'s other files (the interposer's C sources) over mutmut's copy in
+    mutants/: mutmut renews the Python files it mutates and keeps the rest as they were
+    at its first run, and tests that build the C library from a stale copy fail the
+    stats run ("failed to collect stats", with nothing said)."""
+    copy = ROOT / "mutants" / "src"
+    if not copy.is_dir():
+        return  # mutmut's first run copies everything
+    for source in (ROOT / "src").rglob("*"):
+        if source.is_file() and source.suffix not in (".py", ".pyc"):
+            target = copy / source.relative_to(ROOT / "src")
+            if not target.exists() or target.read_bytes() != source.read_bytes():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, target)
+
+
 def scores(modules: list[str]) -> list[ModuleScore]:
     by_module = {m: ModuleScore(m) for m in modules}
     for line in mutmut("results", "--all", "true", quiet=True).splitlines():
@@ -317,6 +334,8 @@ def main() -> int:
     for module, functions in changed.items():
         if functions is not None:
             print(f"mutation: {module}: changed functions: {', '.join(sorted(functions)) or '-'}")
+    if not args.no_run:
+        refresh_copied_sources()
     if args.retest:
         names = [name for r in scores(modules) for name in r.not_killed]
         print(f"mutation: retesting {len(names)} mutant(s) not killed yet", flush=True)

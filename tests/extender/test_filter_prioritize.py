@@ -7,6 +7,7 @@ import httpx
 
 from gpushare.cluster.memory import gpu_node
 from gpushare.errors import Rule
+from gpushare.extender.fittable import AnswerTable
 from gpushare.inventory import parse_layout
 from tests.builders import node, pod
 from tests.extender.harness import PREFIX, allocation_of, pod_json
@@ -369,3 +370,22 @@ def test_the_same_candidates_in_another_order_get_the_same_answer(cluster, sched
     assert s.schedule(s.submit(pod("big", mem=14))) in first["NodeNames"]
     after = s.filter(asking, names[::-1])
     assert len(after["NodeNames"]) == 3 and s.filter(asking, names) == after
+
+
+def test_prioritize_after_filter_is_answered_from_filters_answer(
+    cluster, scheduler_for, monkeypatch
+):
+    """filter tells the reader which list prioritize brings back: prioritize then needs
+    no look-up node by node (AnswerTable.answers), whatever else changes."""
+    for i in range(4):
+        cluster.add_node(node(f"n{i}", "2x16GiB"))
+    s = scheduler_for()
+    asking = s.submit(pod("asking", mem=10))
+    passed = s.filter(asking)["NodeNames"]
+    expected = s.prioritize(asking, passed)
+
+    def no_look_up(*args: object) -> None:
+        raise AssertionError("prioritize looked its nodes up one by one")
+
+    monkeypatch.setattr(AnswerTable, "answers", no_look_up)
+    assert s.prioritize(asking, passed) == expected

@@ -2,7 +2,8 @@
 
 import random
 
-from gpushare.extender.fittable import Answers
+from gpushare.errors import Refusal, Rule
+from gpushare.extender.fittable import ANONYMOUS, Answers, NodeFit, _Answer
 
 RULES = ["insufficient-gpu-memory", "placement-mode", "too-many-pods"]
 
@@ -76,3 +77,14 @@ def test_an_answer_over_many_blocks_is_one_json_array():
     names = [f"n{i}" for i in range(300)]
     answers = Answers([passing(n) for n in names])
     assert answers.passed_json() == "[" + ",".join(f'"{n}"' for n in names) + "]"
+
+
+def test_entries_made_for_many_nodes_at_once_are_each_nodes_own_entry():
+    """A move renews thousands of entries at once (`_Answer.entries`): each is what
+    `entry` makes for the node, for an answer that passes and one that refuses."""
+    names = ["n1", "n2", "n%3"]
+    passes = _Answer.of(NodeFit(None, None, 7))
+    refusal = Refusal(Rule.INSUFFICIENT_MEMORY, f"node {ANONYMOUS} is full")
+    refuses = _Answer.of(NodeFit(None, refusal, 0))
+    for answer in (passes, refuses):
+        assert dict(answer.entries(names)) == {name: answer.entry(name) for name in names}

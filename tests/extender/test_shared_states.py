@@ -271,3 +271,71 @@ def test_prioritize_of_the_nodes_filter_passed_looks_up_no_node(monkeypatch):
 
     monkeypatch.setattr(AnswerTable, "answers", no_look_up)
     assert cluster.shared.priorities_json(asked, passed) == expected
+
+
+def test_prioritize_after_a_node_stopped_passing_answers_for_the_list_it_brings():
+    """Between filter and prioritize a node of filter's list stops fitting, or the
+    workload moves, or many nodes change at once: prioritize still answers every node
+    it brings, as a fresh evaluation would (0 where the pod no longer fits)."""
+    policy = LookaheadFgdPolicy()
+    cluster = Cluster(policy)
+    shape = {"mem": 15}
+    asked = pending("asked", shape)
+
+    def fresh_priorities(names: list[str]) -> list[dict]:
+        every: list[dict] = cluster.fresh(shape)["priorities"]  # type: ignore[assignment]
+        by_host = {p["Host"]: p for p in every}
+        return [by_host[name] for name in names]
+
+    def fill(name: str) -> None:
+        filled = 0
+        while cluster.place(name, f"fill-{name}-{filled}", {"mem": 14}):
+            filled += 1
+
+    passed = cluster.shared.filter(asked, cluster.names).passed_names()
+    fill(passed[0])
+    answer = json.loads(cluster.shared.priorities_json(asked, passed))
+    assert answer == fresh_priorities(passed) and answer[0]["Score"] == 0
+
+    passed = cluster.shared.filter(asked, cluster.names).passed_names()
+    for _ in range(64):  # the learned workload moves: 11 GiB slices only
+        policy.observe(request(mem=11))
+    assert json.loads(cluster.shared.priorities_json(asked, passed)) == fresh_priorities(passed)
+
+    passed = cluster.shared.filter(asked, cluster.names).passed_names()
+    for name in passed[:6]:  # more than 1 node in 8 of the list: answered anew, not patched
+        fill(name)
+    assert json.loads(cluster.shared.priorities_json(asked, passed)) == fresh_priorities(passed)
+
+
+def test_a_policy_asked_node_by_node_answers_a_moved_workload_afresh():
+    """Nodes a policy is asked about one by one (it does not say it judges a node by
+    its state alone) are evaluated again after its workload moves."""
+    policy = LookaheadFgdPolicy()
+    nodes = [(f"n{i:02d}", *LAYOUTS[i % len(LAYOUTS)]) for i in range(12)]
+    names = [name for name, _, _ in nodes]
+
+    def with_pods() -> SchedulerCache:
+        cache = cache_of(nodes, NodeByNode(policy))
+        for i, name in enumerate(names[:8]):
+            cache.reserve(pending(f"q{i}", SHAPES[i % 2]), name, T0)
+        return cache
+
+    by_node = with_pods()
+    asked = [said(by_node, shape, names) for shape in SHAPES]
+    for _ in range(64):
+        policy.observe(request(mem=11))
+    moved = [said(by_node, shape, names) for shape in SHAPES]
+    assert moved != asked
+    fresh = with_pods()  # evaluates every node under the moved workload
+    assert moved == [said(fresh, shape, names) for shape in SHAPES]
+
+
+def test_a_refused_node_named_with_a_percent_sign_is_named_as_the_scheduler_prints_it():
+    """kube-scheduler prints reasons as format strings: a '%' in a node's name is
+    written "percent" in its reason, also when its state's answer serves other nodes."""
+    cache = cache_of([("a%1", "1x8GiB", "cgpu"), ("b1", "1x8GiB", "cgpu")], LookaheadFgdPolicy())
+    answer = said(cache, {"mem": 12}, ["a%1", "b1"])
+    refused = {**answer["failed"], **answer["unresolvable"]}  # type: ignore[dict-item]
+    assert "node a percent1 " in refused["a%1"] and "%" not in refused["a%1"]
+    assert "node b1 " in refused["b1"]

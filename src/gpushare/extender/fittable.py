@@ -394,7 +394,7 @@ class AnswerTable(FitTable[str, _Entry]):
         lookup.stale.clear()
         entries = list(map(self.results.get, lookup.names))
         if not all(entries):  # pragma: no mutate: never true (_filled)
-            entries = self._filled(lookup.names, entries, evaluation)  # pragma: no mutate: idem
+            entries[:] = self._filled(lookup.names, entries, evaluation)  # pragma: no mutate: idem
         before = lookup.answers
         rebuilt = Answers(entries)  # type: ignore[arg-type]
         kept = before._passed_names

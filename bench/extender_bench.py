@@ -486,7 +486,8 @@ def go_http(bench: Bench, url: str, count: int) -> list[str]:
         before = handler_seconds(bench)
         rows = go_stream(binary, url, bench.names, pods)
         total, calls = handler_seconds(bench)
-        floor = go_floor(binary, bench, count)
+        kept = captured(bench)
+        floor = go_floor(binary, bench, kept, count)
     handler_ms = (total - before[0]) / len(rows) * 1e3
     trips = [trip for trip, _ in rows]
     transport = [trip - spent for trip, spent in rows]
@@ -501,7 +502,7 @@ def go_http(bench: Bench, url: str, count: int) -> list[str]:
         f"{statistics.mean(transport) - handler_ms:.2f} ms without (target <= 1 ms)",
         line("  floor: the same answers from a server that only sends them", floor_transport),
         f"    (without the client's JSON; {statistics.mean(floor_transport):.2f} ms mean; "
-        f"bytes per pod: {floor_bytes(bench) / 1024:.0f} KiB both ways)",
+        f"bytes per pod: {floor_bytes(kept) / 1024:.0f} KiB both ways)",
     ]
 
 
@@ -518,19 +519,17 @@ def captured(bench: Bench) -> list[tuple[bytes, bytes, bytes]]:
     return kept
 
 
-def floor_bytes(bench: Bench) -> float:
+def floor_bytes(kept: list[tuple[bytes, bytes, bytes]]) -> float:
     """Mean bytes a pod's filter and prioritize carry, bodies and answers."""
-    sizes = [
-        len(body) * 2 + len(filtered) + len(scored) for body, filtered, scored in captured(bench)
-    ]
-    return statistics.mean(sizes)
+    return statistics.mean(len(body) * 2 + len(f) + len(p) for body, f, p in kept)
 
 
-def go_floor(binary: Path, bench: Bench, count: int) -> list[tuple[float, float]]:
+def go_floor(
+    binary: Path, bench: Bench, answers: list[tuple[bytes, bytes, bytes]], count: int
+) -> list[tuple[float, float]]:
     """The Go stream against a server that does nothing but read each body and send
     the extender's answers for the pods of the stream's shapes, kept beforehand: what
     uvicorn, Starlette, loopback and Go's HTTP client cost at these sizes."""
-    answers = captured(bench)
     turn = [0]
 
     async def filtered(request: HttpRequest) -> Response:

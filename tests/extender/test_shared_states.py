@@ -116,6 +116,12 @@ class Cluster:
                 rules[rule] = rules.get(rule, 0) + count
         return {"passed": passed, **parts, "priorities": priorities, "rules": rules}
 
+    def fresh_priorities(self, shape: dict, names: list[str]) -> list[dict]:
+        """What prioritize sends for these nodes, each evaluated alone."""
+        every: list[dict] = self.fresh(shape)["priorities"]  # type: ignore[assignment]
+        by_host = {p["Host"]: p for p in every}
+        return [by_host[name] for name in names]
+
 
 def test_nodes_in_one_state_are_answered_as_each_alone_would_be():
     cluster = Cluster(LookaheadFgdPolicy())
@@ -227,36 +233,35 @@ def test_prioritize_of_the_nodes_filter_passed_is_their_fresh_priority_list():
     shape = {"mem": 15}
     asked = pending("asked", shape)
 
-    def fresh_priorities(names: list[str]) -> list[dict]:
-        every: list[dict] = cluster.fresh(shape)["priorities"]  # type: ignore[assignment]
-        by_host = {p["Host"]: p for p in every}
-        return [by_host[name] for name in names]
-
     filled = 0
     while cluster.place("n01", f"first-{filled}", {"mem": 14}):
         filled += 1
     passed = cluster.shared.filter(asked, cluster.names).passed_names()
     assert 2 < len(passed) < len(cluster.names) and "n01" not in passed
     answer = json.loads(cluster.shared.priorities_json(asked, passed))
-    assert answer == fresh_priorities(passed)
+    assert answer == cluster.fresh_priorities(shape, passed)
     # A pod lands on a node that passed and changes its score there; the list stays.
     for target in passed:
         assert cluster.place(target, f"between-{target}", {"mem": 9})
-        if fresh_priorities([target]) != [p for p in answer if p["Host"] == target]:
+        if cluster.fresh_priorities(shape, [target]) != [p for p in answer if p["Host"] == target]:
             break
     else:
         raise AssertionError("no 9 GiB pod changed a node's score")
     answer = json.loads(cluster.shared.priorities_json(asked, passed))
-    assert answer == fresh_priorities(passed)
+    assert answer == cluster.fresh_priorities(shape, passed)
     # Filter again: the node filled up and no longer passes, so the list is new.
     filled = 0
     while cluster.place(target, f"fill-{filled}", {"mem": 14}):
         filled += 1
     again = cluster.shared.filter(asked, cluster.names).passed_names()
     assert target not in again and again is not passed
-    assert json.loads(cluster.shared.priorities_json(asked, again)) == fresh_priorities(again)
+    assert json.loads(cluster.shared.priorities_json(asked, again)) == cluster.fresh_priorities(
+        shape, again
+    )
     # The old list, brought by a late prioritize, is still answered for its own nodes.
-    assert json.loads(cluster.shared.priorities_json(asked, passed)) == fresh_priorities(passed)
+    assert json.loads(cluster.shared.priorities_json(asked, passed)) == cluster.fresh_priorities(
+        shape, passed
+    )
 
 
 def test_prioritize_of_the_nodes_filter_passed_looks_up_no_node(monkeypatch):
@@ -282,11 +287,6 @@ def test_prioritize_after_a_node_stopped_passing_answers_for_the_list_it_brings(
     shape = {"mem": 15}
     asked = pending("asked", shape)
 
-    def fresh_priorities(names: list[str]) -> list[dict]:
-        every: list[dict] = cluster.fresh(shape)["priorities"]  # type: ignore[assignment]
-        by_host = {p["Host"]: p for p in every}
-        return [by_host[name] for name in names]
-
     def fill(name: str) -> None:
         filled = 0
         while cluster.place(name, f"fill-{name}-{filled}", {"mem": 14}):
@@ -295,17 +295,21 @@ def test_prioritize_after_a_node_stopped_passing_answers_for_the_list_it_brings(
     passed = cluster.shared.filter(asked, cluster.names).passed_names()
     fill(passed[0])
     answer = json.loads(cluster.shared.priorities_json(asked, passed))
-    assert answer == fresh_priorities(passed) and answer[0]["Score"] == 0
+    assert answer == cluster.fresh_priorities(shape, passed) and answer[0]["Score"] == 0
 
     passed = cluster.shared.filter(asked, cluster.names).passed_names()
     for _ in range(64):  # the learned workload moves: 11 GiB slices only
         policy.observe(request(mem=11))
-    assert json.loads(cluster.shared.priorities_json(asked, passed)) == fresh_priorities(passed)
+    assert json.loads(cluster.shared.priorities_json(asked, passed)) == cluster.fresh_priorities(
+        shape, passed
+    )
 
     passed = cluster.shared.filter(asked, cluster.names).passed_names()
     for name in passed[:6]:  # more than 1 node in 8 of the list: answered anew, not patched
         fill(name)
-    assert json.loads(cluster.shared.priorities_json(asked, passed)) == fresh_priorities(passed)
+    assert json.loads(cluster.shared.priorities_json(asked, passed)) == cluster.fresh_priorities(
+        shape, passed
+    )
 
 
 def test_a_policy_asked_node_by_node_answers_a_moved_workload_afresh():

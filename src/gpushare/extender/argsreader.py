@@ -68,9 +68,7 @@ class ExtenderArgsReader:
         self._tails[tail] = names
         self._tails.move_to_end(tail)
         while len(self._tails) > self._remembered:
-            _, gone = self._tails.popitem(last=False)
-            if any(names is gone for names in self._tails.values()):
-                continue  # still remembered under another tail
+            _, gone = self._tails.popitem(last=False)  # a list is kept under one tail
             self._expected.pop(id(gone), None)
             self._sets.pop(id(gone), None)
 

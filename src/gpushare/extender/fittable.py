@@ -273,12 +273,7 @@ class AnswerTable(FitTable[str, _Entry]):
             same = lookup.names is names or lookup.names == names
             if same and self._refresh(lookup, evaluation):
                 return lookup.answers
-        entries = list(map(self.results.get, names))
-        if not all(entries):  # entries are non-empty tuples; None marks a node to evaluate
-            for i, entry in enumerate(entries):
-                if entry is None:
-                    entries[i] = self._entry(names[i], evaluation)
-        lookup = _Lookup(names, Answers(entries))  # type: ignore[arg-type]
+        lookup = _Lookup(names, Answers(self._entries(names, evaluation)))
         self._recent = [*self._recent, lookup][-_RECENT:]
         return lookup.answers
 
@@ -388,15 +383,9 @@ class AnswerTable(FitTable[str, _Entry]):
         the answers of many nodes, a look-up per node (in C) costs less than patching
         each change (in Python). The nodes that passed keep their list object when
         they are the same (only so that prioritize takes its short way)."""
-        for name in lookup.stale:
-            if name not in self.results:  # pragma: no mutate: an entry made again is alike
-                self._entry(name, evaluation)
         lookup.stale.clear()
-        entries = list(map(self.results.get, lookup.names))
-        if not all(entries):  # pragma: no mutate: never true (_filled)
-            entries[:] = self._filled(lookup.names, entries, evaluation)  # pragma: no mutate: idem
         before = lookup.answers
-        rebuilt = Answers(entries)  # type: ignore[arg-type]
+        rebuilt = Answers(self._entries(lookup.names, evaluation))
         kept = before._passed_names
         same = rebuilt.passed_json() == before.passed_json()
         if kept is not None and same:  # pragma: no mutate: cost only (see above)
@@ -404,13 +393,14 @@ class AnswerTable(FitTable[str, _Entry]):
         lookup.answers = rebuilt
         return True  # pragma: no mutate: False answers the list afresh: cost only
 
-    def _filled(
-        self, names: list[str], entries: list[_Entry | None], evaluation: Evaluation
-    ) -> list[_Entry]:
-        """Entries for the nodes that have none. Every node of a kept list has an entry
-        or was stale, so this is a safety net, never used."""
-        pairs = zip(names, entries, strict=True)  # pragma: no mutate: never used
-        return [e or self._entry(n, evaluation) for n, e in pairs]  # pragma: no mutate: idem
+    def _entries(self, names: list[str], evaluation: Evaluation) -> list[_Entry]:
+        """Every node's entry, in order, evaluating the nodes that have none."""
+        entries = list(map(self.results.get, names))
+        if not all(entries):  # entries are non-empty tuples; None marks a node to evaluate
+            for i, entry in enumerate(entries):
+                if entry is None:
+                    entries[i] = self._entry(names[i], evaluation)
+        return entries  # type: ignore[return-value]
 
     def _put(self, name: str, fit: NodeFit) -> _Entry:
         self._alone.add(name)

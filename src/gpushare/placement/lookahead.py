@@ -30,11 +30,10 @@ How much the look-ahead and the CPU term weigh follows the target workload (`wei
 and 0.15 where multi-GPU pods take half of them or more, in proportion in between. The
 larger weights left fewer GPUs unallocated on the sharing and single-GPU workloads, the
 smaller kept whole nodes for multi-GPU pods where those dominate. Learned online, the
-weights follow what the policy has seen, never a name for the mix. A node none of whose
-GPUs holds a pod is judged without the look-ahead before and after the placement
-(`judge`): E - F is negative on a freshly opened node, and with it opening one looked
-cheaper than adding to a node in use, the more so the larger the weight
-(docs/placement.md#what-was-tried).
+weights follow what the policy has seen, never a name for the mix. The price of the
+larger ones: a slice scores an empty node above completing a half-used GPU on a node of
+two (the next slice is expected to split the whole GPU left), which measured cheaper
+than the GPUs it saved elsewhere (docs/placement.md#what-was-tried).
 
 On Kubernetes nodes CPU is not tracked (the kube-scheduler checks it), so the
 stranding term is 0 and the policy is FGD with the look-ahead and the occupied-node
@@ -42,7 +41,7 @@ preference; GPU amounts are fractions of a GPU either way, so GiB and milli-GPU
 nodes compare.
 """
 
-from gpushare.placement.fgd import Waste, WorkloadAwarePolicy, fgd_score
+from gpushare.placement.fgd import WorkloadAwarePolicy, fgd_score
 from gpushare.placement.fragmentation import Device
 from gpushare.placement.workload import Workload
 from gpushare.state import NodeView
@@ -96,32 +95,17 @@ class LookaheadFgdPolicy(WorkloadAwarePolicy):
         super()._use(distribution)
         self.next_weight, self.cpu_weight = weights(self.fragmentation.workload)
 
-    def settled(self, models: frozenset[str], cpu_free: int | None, gpus: list[Device]) -> float:
-        """F and the stranded GPU, without the look-ahead."""
-        frag = self.fragmentation
-        return frag.of(models, cpu_free, gpus) + self.cpu_weight * frag.stranded(cpu_free, gpus)
-
     def waste(self, models: frozenset[str], cpu_free: int | None, gpus: list[Device]) -> float:
-        now = self.settled(models, cpu_free, gpus)
+        frag = self.fragmentation
+        now = frag.of(models, cpu_free, gpus) + self.cpu_weight * frag.stranded(cpu_free, gpus)
         if all(d[3] or not d[0] for d in gpus):
             # A node without pods is judged by F alone. Scores compare changes, and the
             # next pod would fragment an empty node: counting that would make opening
             # one look cheap, and whole nodes are what multi-GPU pods need (measured:
             # fewer of them failed, and fewer GPUs were left unallocated).
             return now
-        frag = self.fragmentation
         after_next = frag.expected_next(models, cpu_free, gpus)
         return now + self.next_weight * (after_next - frag.of(models, cpu_free, gpus))
-
-    def judge(self, view: NodeView) -> Waste:
-        # A node none of whose usable GPUs holds a pod is judged without the look-ahead
-        # after the placement too: the look-ahead's E - F is negative on a freshly opened
-        # node, so with it opening one looked cheaper than adding to a node in use, the
-        # more so the larger next_weight (cpu200: 20 8-GPU pods failed per run by 100%
-        # arrived with it, 7.7 without; docs/placement.md, What was tried).
-        if all(g.whole for g in view.gpus if g.usable):
-            return self.settled
-        return self.waste
 
     def rate(self, view: NodeView, growth: float) -> float:
         return fgd_score(growth) + (OCCUPIED_BONUS if occupied(view) else 0.0)

@@ -32,8 +32,11 @@ larger weights left fewer GPUs unallocated on the sharing and single-GPU workloa
 smaller kept whole nodes for multi-GPU pods where those dominate. Learned online, the
 weights follow what the policy has seen, never a name for the mix. The price of the
 larger ones: a slice scores an empty node above completing a half-used GPU on a node of
-two (the next slice is expected to split the whole GPU left), which measured cheaper
-than the GPUs it saved elsewhere (docs/placement.md#what-was-tried).
+two (the next slice is expected to split the whole GPU left), and on the cpu200 mix more
+8-GPU pods fail (20 per run by 100% arrived, 5.7 with the smaller weights); both
+measured cheaper than the GPUs saved elsewhere. Judging a node without pods without the
+look-ahead after the placement too fixed both but left more GPUs unallocated on the
+default trace (docs/placement.md#what-was-tried).
 
 On Kubernetes nodes CPU is not tracked (the kube-scheduler checks it), so the
 stranding term is 0 and the policy is FGD with the look-ahead and the occupied-node

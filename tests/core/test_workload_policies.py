@@ -1,13 +1,15 @@
 """The fragmentation-aware policies on Kubernetes nodes (GiB, CPU not tracked), through
 the same evaluate() the extender calls, and learning the workload online."""
 
+from functools import partial
+
 import pytest
 
 from gpushare.errors import Refusal, Rule
 from gpushare.placement.bestfit import BestFitPolicy
-from gpushare.placement.fgd import FgdPolicy
+from gpushare.placement.fgd import FgdPolicy, fgd_score
 from gpushare.placement.fit import Placement, evaluate, to_allocation
-from gpushare.placement.fragmentation import Fragmentation, devices, models
+from gpushare.placement.fragmentation import Fragmentation, devices, devices_after, models
 from gpushare.placement.lookahead import LookaheadFgdPolicy, single_gpu_share, weights
 from gpushare.placement.policies import (
     OUR_POLICY,
@@ -75,24 +77,38 @@ WITH_TWO_GPU_JOBS = Workload(
 )
 
 
-@pytest.mark.parametrize(
-    ("name", "workload"),
-    [("fgd", HALF_GPUS), ("fgd", WITH_TWO_GPU_JOBS), ("fgd-lookahead", WITH_TWO_GPU_JOBS)],
-)
+@pytest.mark.parametrize("name", ["fgd", "fgd-lookahead"])
+@pytest.mark.parametrize("workload", [HALF_GPUS, WITH_TWO_GPU_JOBS])
 def test_the_node_where_the_slice_fits_snugly_scores_higher(name, workload):
+    # fgd-lookahead at both ends of its weights: 2 for HALF_GPUS, 0.5 with the 2-GPU jobs.
     policy = policy_named(name).with_workload(workload)  # type: ignore[attr-defined]
-    assert snug_and_loose(policy)[0] > snug_and_loose(policy)[1]
-
-
-def test_with_the_larger_weights_a_slice_scores_an_empty_node_above_completing_a_gpu():
-    # The cost of the look-ahead at 2 (a workload of single-GPU pods), kept because it
-    # left fewer GPUs unallocated on the openb mixes (docs/placement.md, What was tried):
-    # completing GPU 0 leaves a whole GPU the next 8 GiB slice is expected to split, a
-    # node without pods is judged by F alone, so the half-used node scores lower.
-    policy = LookaheadFgdPolicy(HALF_GPUS)
-    assert policy.next_weight == 2.0
     snug, loose = snug_and_loose(policy)
-    assert (snug, loose) == (48.5, 51.0)
+    assert snug > loose
+
+
+def test_a_node_without_pods_is_opened_as_with_the_smaller_weights():
+    # At the larger weights (2 and 0.45 for HALF_GPUS) the half-used GPU a slice leaves on
+    # an empty node counts the next slice's expected fill as progress: the empty node
+    # would score 51, above 48.5 for completing a half-used GPU elsewhere (the snug case).
+    policy = LookaheadFgdPolicy(HALF_GPUS)
+    assert (policy.next_weight, policy.cpu_weight) == (2.0, 0.45)
+    empty = node_state("2x16GiB")
+    view = empty.view()
+    result = evaluate(view, request(mem=8), policy)
+    assert isinstance(result, Placement)
+    gpu_models, before = models(view), devices(view)
+    after = devices_after(view, result.assignment)
+
+    def growth(waste) -> float:
+        return waste(gpu_models, None, after) - waste(gpu_models, None, before)
+
+    smaller = partial(policy.weighed, next_weight=0.5, cpu_weight=0.15)
+    assert growth(policy.opening) == growth(smaller) == pytest.approx(97.5)
+    assert result.score == fgd_score(growth(smaller)) == 47
+    assert fgd_score(growth(policy.waste)) == 51
+    # Once the node holds a pod, the workload's weights count.
+    place(empty, request(mem=8), policy, "a")
+    assert policy.judge(empty.view()) == policy.waste
 
 
 def snug_and_loose(policy) -> tuple[float, float]:

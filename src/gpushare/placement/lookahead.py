@@ -30,13 +30,14 @@ How much the look-ahead and the CPU term weigh follows the target workload (`wei
 and 0.15 where multi-GPU pods take half of them or more, in proportion in between. The
 larger weights left fewer GPUs unallocated on the sharing and single-GPU workloads, the
 smaller kept whole nodes for multi-GPU pods where those dominate. Learned online, the
-weights follow what the policy has seen, never a name for the mix. The price of the
-larger ones: a slice scores an empty node above completing a half-used GPU on a node of
-two (the next slice is expected to split the whole GPU left), and on the cpu200 mix more
-8-GPU pods fail (20 per run by 100% arrived, 5.7 with the smaller weights); both
-measured cheaper than the GPUs saved elsewhere. Judging a node without pods without the
-look-ahead after the placement too fixed both but left more GPUs unallocated on the
-default trace (docs/placement.md#what-was-tried).
+weights follow what the policy has seen, never a name for the mix. A placement on a node
+none of whose GPUs holds a pod is judged with the smaller weights whatever the workload
+(`judge`): the look-ahead's E - F is negative on a freshly opened node, so with the larger
+weights opening one looked cheaper than adding to a node in use, and whole nodes went to
+slices (on the cpu200 mix 20 8-GPU pods failed per run by 100% arrived, 7.0 with this
+rule, 5.7 before the weights followed the workload). Judging such a node without the
+look-ahead at all kept them too, but left more GPUs unallocated on the default trace
+(docs/placement.md#what-was-tried).
 
 On Kubernetes nodes CPU is not tracked (the kube-scheduler checks it), so the
 stranding term is 0 and the policy is FGD with the look-ahead and the occupied-node
@@ -44,7 +45,7 @@ preference; GPU amounts are fractions of a GPU either way, so GiB and milli-GPU
 nodes compare.
 """
 
-from gpushare.placement.fgd import WorkloadAwarePolicy, fgd_score
+from gpushare.placement.fgd import Waste, WorkloadAwarePolicy, fgd_score
 from gpushare.placement.fragmentation import Device
 from gpushare.placement.workload import Workload
 from gpushare.state import NodeView
@@ -99,16 +100,38 @@ class LookaheadFgdPolicy(WorkloadAwarePolicy):
         self.next_weight, self.cpu_weight = weights(self.fragmentation.workload)
 
     def waste(self, models: frozenset[str], cpu_free: int | None, gpus: list[Device]) -> float:
+        return self.weighed(models, cpu_free, gpus, self.next_weight, self.cpu_weight)
+
+    def opening(self, models: frozenset[str], cpu_free: int | None, gpus: list[Device]) -> float:
+        """The waste with the smaller weights, whatever the workload (see `judge`)."""
+        return self.weighed(models, cpu_free, gpus, NEXT_WEIGHT[0], CPU_WEIGHT[0])
+
+    def weighed(
+        self,
+        models: frozenset[str],
+        cpu_free: int | None,
+        gpus: list[Device],
+        next_weight: float,
+        cpu_weight: float,
+    ) -> float:
         frag = self.fragmentation
-        now = frag.of(models, cpu_free, gpus) + self.cpu_weight * frag.stranded(cpu_free, gpus)
+        now = frag.of(models, cpu_free, gpus)
+        settled = now + cpu_weight * frag.stranded(cpu_free, gpus)
         if all(d[3] or not d[0] for d in gpus):
             # A node without pods is judged by F alone. Scores compare changes, and the
             # next pod would fragment an empty node: counting that would make opening
             # one look cheap, and whole nodes are what multi-GPU pods need (measured:
             # fewer of them failed, and fewer GPUs were left unallocated).
-            return now
-        after_next = frag.expected_next(models, cpu_free, gpus)
-        return now + self.next_weight * (after_next - frag.of(models, cpu_free, gpus))
+            return settled
+        return settled + next_weight * (frag.expected_next(models, cpu_free, gpus) - now)
+
+    def judge(self, view: NodeView) -> Waste:
+        # Opening a node is judged with the smaller weights (module docstring): with the
+        # larger ones, E - F after the first pod made an empty node look cheaper than
+        # one in use, and whole nodes went to slices.
+        if all(g.whole for g in view.gpus if g.usable):
+            return self.opening
+        return self.waste
 
     def rate(self, view: NodeView, growth: float) -> float:
         return fgd_score(growth) + (OCCUPIED_BONUS if occupied(view) else 0.0)

@@ -109,19 +109,21 @@ def test_fraction_tasks_and_tasks_without_compute_share_fill_gib_gpus_by_memory(
 
 def test_fgd_lookahead_adds_the_stranded_gpu_and_the_next_pods_change_of_f():
     # One task: 300 milli of a T4 and 1 CPU. GPU 0 has 600 free, GPU 1 1000 (G = 1600).
-    # waste = F + .15 * stranded + .5 * (F after the next pod - F).
+    # A workload of single-GPU pods only takes the larger weights:
+    # waste = F + .45 * stranded + 2 * (F after the next pod - F).
     task = TaskShape(gpus=1, mem=300, core=300, cpu_milli=1000, gpu_spec=frozenset({"T4"}))
     policy = LookaheadFgdPolicy(Workload(((task, 1.0),)))
+    assert (policy.next_weight, policy.cpu_weight) == (2.0, 0.45)
     view = slice_of_400_on_gpu_0(gpus=2).view()
     t4, gpus = models(view), devices(view)
     # 2.5 CPUs: the task fits before and after the next pod (F = 0), 3 of 5 copies are
     # stranded (900).
-    assert policy.waste(t4, 2500, gpus) == pytest.approx(0.15 * 900)
+    assert policy.waste(t4, 2500, gpus) == pytest.approx(0.45 * 900)
     # 1.5 CPUs: the task fits (F = 0), 4 of its 5 copies are stranded (1200), and the
     # next one leaves too little CPU for another: F = 1300 after it.
-    assert policy.waste(t4, 1500, gpus) == pytest.approx(0.15 * 1200 + 0.5 * 1300)
+    assert policy.waste(t4, 1500, gpus) == pytest.approx(0.45 * 1200 + 2 * 1300)
     # 0.5 CPU: nothing fits (F = G = 1600) and stays so; all 5 copies are stranded.
-    assert policy.waste(t4, 500, gpus) == pytest.approx(1600 + 0.15 * 1500)
+    assert policy.waste(t4, 500, gpus) == pytest.approx(1600 + 0.45 * 1500)
     # A node without pods is judged by F and the stranded GPU alone: 5 of 6 copies.
     empty = milli_node(gpus=2).view()
-    assert policy.waste(t4, 1500, devices(empty)) == pytest.approx(0.15 * 1500)
+    assert policy.waste(t4, 1500, devices(empty)) == pytest.approx(0.45 * 1500)

@@ -1,14 +1,16 @@
 """The fragmentation-aware policies on Kubernetes nodes (GiB, CPU not tracked), through
 the same evaluate() the extender calls, and learning the workload online."""
 
+from functools import partial
+
 import pytest
 
 from gpushare.errors import Refusal, Rule
 from gpushare.placement.bestfit import BestFitPolicy
-from gpushare.placement.fgd import FgdPolicy
+from gpushare.placement.fgd import FgdPolicy, fgd_score
 from gpushare.placement.fit import Placement, evaluate, to_allocation
-from gpushare.placement.fragmentation import Fragmentation, devices, models
-from gpushare.placement.lookahead import LookaheadFgdPolicy
+from gpushare.placement.fragmentation import Fragmentation, devices, devices_after, models
+from gpushare.placement.lookahead import LookaheadFgdPolicy, single_gpu_share, weights
 from gpushare.placement.policies import (
     OUR_POLICY,
     POLICIES,
@@ -65,16 +67,101 @@ def test_a_slice_tries_every_gpu_past_two_empty_alike_ones():
     assert place(state, request(mem=8), FgdPolicy(HALF_GPUS), "b").assignment.gpus == ((2,),)
 
 
+# Half of the GPUs requested go to 2-GPU jobs: fgd-lookahead takes its smaller weights.
+WITH_TWO_GPU_JOBS = Workload(
+    (
+        (TaskShape(gpus=1, mem=8), 0.35),
+        (TaskShape(gpus=1, exclusive=True), 0.15),
+        (TaskShape(gpus=2, exclusive=True), 0.5),
+    )
+)
+
+
 @pytest.mark.parametrize("name", ["fgd", "fgd-lookahead"])
-def test_the_node_where_the_slice_fits_snugly_scores_higher(name):
-    policy = policy_named(name).with_workload(HALF_GPUS)  # type: ignore[attr-defined]
+@pytest.mark.parametrize("workload", [HALF_GPUS, WITH_TWO_GPU_JOBS])
+def test_the_node_where_the_slice_fits_snugly_scores_higher(name, workload):
+    # fgd-lookahead at both ends of its weights: 2 for HALF_GPUS, 0.5 with the 2-GPU jobs.
+    policy = policy_named(name).with_workload(workload)  # type: ignore[attr-defined]
+    snug, loose = snug_and_loose(policy)
+    assert snug > loose
+
+
+def test_a_node_without_pods_is_opened_as_with_the_smaller_weights():
+    # At the larger weights (2 and 0.45 for HALF_GPUS) the half-used GPU a slice leaves on
+    # an empty node counts the next slice's expected fill as progress: the empty node
+    # would score 51, above 48.5 for completing a half-used GPU elsewhere (the snug case).
+    policy = LookaheadFgdPolicy(HALF_GPUS)
+    assert (policy.next_weight, policy.cpu_weight) == (2.0, 0.45)
+    empty = node_state("2x16GiB")
+    view = empty.view()
+    result = evaluate(view, request(mem=8), policy)
+    assert isinstance(result, Placement)
+    gpu_models, before = models(view), devices(view)
+    after = devices_after(view, result.assignment)
+
+    def growth(waste) -> float:
+        return waste(gpu_models, None, after) - waste(gpu_models, None, before)
+
+    smaller = partial(policy.weighed, next_weight=0.5, cpu_weight=0.15)
+    assert growth(policy.opening) == growth(smaller) == pytest.approx(97.5)
+    assert result.score == fgd_score(growth(smaller)) == 47
+    assert fgd_score(growth(policy.waste)) == 51
+    # Once the node holds a pod, the workload's weights count.
+    place(empty, request(mem=8), policy, "a")
+    assert policy.judge(empty.view()) == policy.waste
+
+
+def snug_and_loose(policy) -> tuple[float, float]:
+    """Scores of an 8 GiB slice on a 2x16 GiB node with one such slice, and on an empty one."""
     half = node_state("2x16GiB", node="half")
     place(half, request(mem=8), policy, "a")
     empty = node_state("2x16GiB", node="empty")
     snug = evaluate(half.view(), request(mem=8), policy)
     loose = evaluate(empty.view(), request(mem=8), policy)
     assert isinstance(snug, Placement) and isinstance(loose, Placement)
-    assert snug.score > loose.score
+    return snug.score, loose.score
+
+
+def test_single_gpu_share_counts_a_sharing_pod_as_its_gpu_and_multi_gpu_pods_by_theirs():
+    workload = Workload(
+        (
+            (TaskShape(gpus=1, mem=8), 0.4),
+            (TaskShape(gpus=1, exclusive=True), 0.2),
+            (TaskShape(gpus=4, exclusive=True), 0.1),
+            (TaskShape(gpus=0, cpu_milli=1000), 0.3),  # CPU-only: takes no GPU
+        )
+    )
+    assert single_gpu_share(workload) == pytest.approx(0.6 / (0.6 + 0.4))
+    assert single_gpu_share(Workload(((TaskShape(gpus=0), 1.0),))) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("share", "expected"),
+    [(1.0, (2.0, 0.45)), (0.75, (1.25, 0.30)), (0.5, (0.5, 0.15)), (0.2, (0.5, 0.15))],
+)
+def test_the_weights_grow_from_half_the_gpus_on_single_gpu_pods_to_all(share, expected):
+    # share s of the GPUs on 1-GPU pods, the rest on 8-GPU pods: p1 / (p1 + 8 p8) = s.
+    p8 = (1 - share) / (8 * share + 1 - share)
+    workload = Workload(
+        ((TaskShape(gpus=1, exclusive=True), 1 - p8), (TaskShape(gpus=8, exclusive=True), p8))
+    )
+    assert single_gpu_share(workload) == pytest.approx(share)
+    assert weights(workload) == pytest.approx(expected)
+
+
+def test_learned_online_the_weights_follow_the_learned_workload():
+    policy = LookaheadFgdPolicy()
+    # The prior: about three quarters of its GPUs on single-GPU pods.
+    assert policy.next_weight == pytest.approx(weights(policy.workload)[0])
+    assert 0.5 < policy.next_weight < 2.0
+    for _ in range(400):
+        policy.observe(request(mem=4))
+    assert (policy.next_weight, policy.cpu_weight) == (2.0, 0.45)
+    epoch = policy.epoch
+    for _ in range(3000):
+        policy.observe(request(count=8))
+    assert policy.epoch > epoch
+    assert (policy.next_weight, policy.cpu_weight) == (0.5, 0.15)
 
 
 def test_our_policy_leaves_the_hole_the_next_popular_pod_fills_exactly():

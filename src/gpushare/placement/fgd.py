@@ -11,6 +11,7 @@ about, starting from a prior.
 
 import math
 from abc import abstractmethod
+from collections.abc import Callable
 from typing import ClassVar, Self
 
 from gpushare.placement.fit import (
@@ -33,6 +34,9 @@ from gpushare.placement.fragmentation import (
 from gpushare.placement.workload import COVERAGE, LearnedWorkload, TaskShape, Workload
 from gpushare.request import PodRequest
 from gpushare.state import GpuView, NodeView
+
+Waste = Callable[[frozenset[str], int | None, list[Device]], float]
+"""A node's waste from its GPU models, CPU left and GPUs (WorkloadAwarePolicy.waste)."""
 
 
 class WorkloadAwarePolicy(PlacementPolicy):
@@ -94,7 +98,8 @@ class WorkloadAwarePolicy(PlacementPolicy):
             return None
         node_models = models(view)
         before = devices(view)
-        baseline = self.waste(node_models, view.cpu_free, before)
+        waste = self.judge(view)
+        baseline = waste(node_models, view.cpu_free, before)
         position = {g.index: pos for pos, g in enumerate(view.gpus)}
         cpu = cpu_after(view, request.cpu_milli)
         best: tuple[float, GpuView] | None = None
@@ -106,7 +111,7 @@ class WorkloadAwarePolicy(PlacementPolicy):
             tried.add(before[pos])
             after = list(before)
             after[pos] = device_left(gpu, mem_after, core_after)
-            value = self.rate(view, self.waste(node_models, cpu, after) - baseline)
+            value = self.rate(view, waste(node_models, cpu, after) - baseline)
             if best is None or value > best[0]:
                 best = (value, gpu)
         assert best is not None
@@ -115,10 +120,16 @@ class WorkloadAwarePolicy(PlacementPolicy):
     def score(self, view: NodeView, request: PodRequest, assignment: Assignment) -> float:
         node_models = models(view)
         cpu = cpu_after(view, request.cpu_milli)
-        growth = self.waste(node_models, cpu, devices_after(view, assignment)) - self.waste(
+        waste = self.judge(view)
+        growth = waste(node_models, cpu, devices_after(view, assignment)) - waste(
             node_models, view.cpu_free, devices(view)
         )
         return self.rate(view, growth)
+
+    def judge(self, view: NodeView) -> Waste:
+        """The waste a placement on this node is judged by, before and after alike:
+        `waste`, unless a policy judges some nodes otherwise."""
+        return self.waste
 
     @abstractmethod
     def waste(self, models: frozenset[str], cpu_free: int | None, gpus: list[Device]) -> float:

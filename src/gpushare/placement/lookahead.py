@@ -25,46 +25,113 @@ see cost GPUs in the openb replay (docs/placement.md#the-benchmark), and this po
   finer scores); among equal steps a node whose GPUs already hold pods wins over
   one whose GPUs are all free, so whole nodes stay free for multi-GPU pods.
 
+How much the look-ahead and the CPU term weigh follows the target workload (`weights`):
+2 and 0.45 where single-GPU pods (sharing or whole) take all of the GPUs requested, 0.5
+and 0.15 where multi-GPU pods take half of them or more, in proportion in between. The
+larger weights left fewer GPUs unallocated on the sharing and single-GPU workloads, the
+smaller kept whole nodes for multi-GPU pods where those dominate. Learned online, the
+weights follow what the policy has seen, never a name for the mix. A placement on a node
+none of whose GPUs holds a pod is judged with the smaller weights whatever the workload
+(`judge`): the look-ahead's E - F is negative on a freshly opened node, so with the larger
+weights opening one looked cheaper than adding to a node in use, and whole nodes went to
+slices (on the cpu200 mix 20 8-GPU pods failed per run by 100% arrived, 7.0 with this
+rule, 5.7 before the weights followed the workload). Judging such a node without the
+look-ahead at all kept them too, but left more GPUs unallocated on the default trace
+(docs/placement.md#what-was-tried).
+
 On Kubernetes nodes CPU is not tracked (the kube-scheduler checks it), so the
 stranding term is 0 and the policy is FGD with the look-ahead and the occupied-node
 preference; GPU amounts are fractions of a GPU either way, so GiB and milli-GPU
 nodes compare.
 """
 
-from typing import ClassVar
-
-from gpushare.placement.fgd import WorkloadAwarePolicy, fgd_score
+from gpushare.placement.fgd import Waste, WorkloadAwarePolicy, fgd_score
 from gpushare.placement.fragmentation import Device
+from gpushare.placement.workload import Workload
 from gpushare.state import NodeView
 
 OCCUPIED_BONUS = 0.5
 """Added to the integer score of a node already running pods: wins ties, never a step."""
 
+NEXT_WEIGHT = (0.5, 2.0)
+"""Weight of the look-ahead term (E - F), from a workload whose GPUs go to multi-GPU pods
+to one of single-GPU pods (`weights`). Measured on the openb mixes (docs/placement.md,
+What was tried): 2 left the fewest GPUs unallocated on the default trace and gpuspec33,
+and 3 or more collapse; on multigpu50 weights above 0.5 mostly cost whole nodes (seed
+42: 3.46% unallocated with 2, 2.50 with 1.5, 2.10 with 0.5)."""
+CPU_WEIGHT = (0.15, 0.45)
+"""Weight of the stranded-GPU term, likewise. It grows with the look-ahead's because E - F
+competes with it: with the look-ahead at 2 and stranding at 0.15 the CPU-bound mixes
+(gpushare100, cpu200) lost what the CPU term had won. On multigpu50 more than 0.15 cost
+whole nodes too."""
+
+
+def single_gpu_share(workload: Workload) -> float:
+    """The share of the GPUs the workload's GPU pods take that single-GPU pods take (a
+    sharing pod counts its one GPU); 1 for a workload without GPU pods."""
+    held = sum(p * shape.gpus for shape, p in workload.tasks)
+    if held <= 0:
+        return 1.0
+    return sum(p for shape, p in workload.tasks if shape.gpus == 1) / held
+
+
+def weights(workload: Workload) -> tuple[float, float]:
+    """(next_weight, cpu_weight) for a target workload. Where single-GPU pods take all of
+    the GPUs the weights are the larger ones; where multi-GPU pods take half or more,
+    the smaller ones (whole nodes decide there, and larger weights broke them up);
+    in between, in proportion. Learned online, they follow the learned workload."""
+    emphasis = min(max(2.0 * single_gpu_share(workload) - 1.0, 0.0), 1.0)
+    return (
+        (1.0 - emphasis) * NEXT_WEIGHT[0] + emphasis * NEXT_WEIGHT[1],
+        (1.0 - emphasis) * CPU_WEIGHT[0] + emphasis * CPU_WEIGHT[1],
+    )
+
 
 class LookaheadFgdPolicy(WorkloadAwarePolicy):
     name = "fgd-lookahead"
     other_models = False  # see the module docstring: tasks pinned to other models
-    cpu_weight: ClassVar[float] = 0.15
-    """Weight of stranded-GPU growth against F's growth (0.1-0.25 measured best)."""
+    next_weight: float = NEXT_WEIGHT[0]
+    """Weight of the expected change of F from the next pod (see `weights`)."""
+    cpu_weight: float = CPU_WEIGHT[0]
+    """Weight of stranded-GPU growth against F's growth (see `weights`)."""
 
-    next_weight: ClassVar[float] = 0.5
-    """Weight of the expected change of F from the next pod. Up to 2.5 all measured
-    better than 0 on the openb replay, 2 best, 3 or more collapse; but from about 1
-    a slice would rather open a fresh GPU than complete a half-used one (two half
-    GPUs have a high F that the next pod is expected to lower, which then looks like
-    progress). 0.5 keeps the plain cases right."""
+    def _use(self, distribution: Workload) -> None:
+        super()._use(distribution)
+        self.next_weight, self.cpu_weight = weights(self.fragmentation.workload)
 
     def waste(self, models: frozenset[str], cpu_free: int | None, gpus: list[Device]) -> float:
+        return self.weighed(models, cpu_free, gpus, self.next_weight, self.cpu_weight)
+
+    def opening(self, models: frozenset[str], cpu_free: int | None, gpus: list[Device]) -> float:
+        """The waste with the smaller weights, whatever the workload (see `judge`)."""
+        return self.weighed(models, cpu_free, gpus, NEXT_WEIGHT[0], CPU_WEIGHT[0])
+
+    def weighed(
+        self,
+        models: frozenset[str],
+        cpu_free: int | None,
+        gpus: list[Device],
+        next_weight: float,
+        cpu_weight: float,
+    ) -> float:
         frag = self.fragmentation
-        now = frag.of(models, cpu_free, gpus) + self.cpu_weight * frag.stranded(cpu_free, gpus)
+        now = frag.of(models, cpu_free, gpus)
+        settled = now + cpu_weight * frag.stranded(cpu_free, gpus)
         if all(d[3] or not d[0] for d in gpus):
             # A node without pods is judged by F alone. Scores compare changes, and the
             # next pod would fragment an empty node: counting that would make opening
             # one look cheap, and whole nodes are what multi-GPU pods need (measured:
             # fewer of them failed, and fewer GPUs were left unallocated).
-            return now
-        after_next = frag.expected_next(models, cpu_free, gpus)
-        return now + self.next_weight * (after_next - frag.of(models, cpu_free, gpus))
+            return settled
+        return settled + next_weight * (frag.expected_next(models, cpu_free, gpus) - now)
+
+    def judge(self, view: NodeView) -> Waste:
+        # Opening a node is judged with the smaller weights (module docstring): with the
+        # larger ones, E - F after the first pod made an empty node look cheaper than
+        # one in use, and whole nodes went to slices.
+        if all(g.whole for g in view.gpus if g.usable):
+            return self.opening
+        return self.waste
 
     def rate(self, view: NodeView, growth: float) -> float:
         return fgd_score(growth) + (OCCUPIED_BONUS if occupied(view) else 0.0)

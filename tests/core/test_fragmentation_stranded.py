@@ -127,3 +127,18 @@ def test_fgd_lookahead_adds_the_stranded_gpu_and_the_next_pods_change_of_f():
     # A node without pods is judged by F and the stranded GPU alone: 5 of 6 copies.
     empty = milli_node(gpus=2).view()
     assert policy.waste(t4, 1500, devices(empty)) == pytest.approx(0.45 * 1500)
+
+
+def test_fgd_lookahead_opens_a_node_with_the_smaller_weights_whatever_the_workload():
+    # The workload of the test above takes 2 and 0.45; a node without pods is judged with
+    # 0.5 and 0.15 (before and after its first pod), so opening one does not look cheap.
+    task = TaskShape(gpus=1, mem=300, core=300, cpu_milli=1000, gpu_spec=frozenset({"T4"}))
+    policy = LookaheadFgdPolicy(Workload(((task, 1.0),)))
+    empty = milli_node(gpus=2).view()
+    t4 = models(empty)
+    assert policy.judge(empty) == policy.opening
+    assert policy.opening(t4, 1500, devices(empty)) == pytest.approx(0.15 * 1500)
+    # After the first pod, as in the test above: 4 of 5 copies stranded, F 1300 after the next.
+    used = slice_of_400_on_gpu_0(gpus=2).view()
+    assert policy.opening(t4, 1500, devices(used)) == pytest.approx(0.15 * 1200 + 0.5 * 1300)
+    assert policy.judge(used) == policy.waste

@@ -80,7 +80,7 @@ def weights(workload: Workload) -> tuple[float, float]:
     the GPUs the weights are the larger ones; where multi-GPU pods take half or more,
     the smaller ones (whole nodes decide there, and larger weights broke them up);
     in between, in proportion. Learned online, they follow the learned workload."""
-    emphasis = min(max(2.0 * single_gpu_share(workload) - 1.0, 0.0), 1.0)
+    emphasis = max(2.0 * single_gpu_share(workload) - 1.0, 0.0)  # the share is at most 1
     return (
         (1.0 - emphasis) * NEXT_WEIGHT[0] + emphasis * NEXT_WEIGHT[1],
         (1.0 - emphasis) * CPU_WEIGHT[0] + emphasis * CPU_WEIGHT[1],

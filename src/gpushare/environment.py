@@ -34,6 +34,9 @@ ACCOUNTING_DIR_IN_CONTAINER: Final = "/run/gpushare"
 """Where Allocate mounts the container's accounting directory (read-write)."""
 REGION_FILE: Final = "cuda-region"
 """The region's file name in the accounting directory."""
+GRANT_IN_CONTAINER: Final = "/etc/gpushare/grant"
+"""Where Allocate mounts the container's grant (read-only): what the node decided for it
+(gpushare.grant). The interposer is built to read it there (grant.c GS_GRANT_PATH)."""
 
 DEFAULT_WEIGHT: Final = 1
 

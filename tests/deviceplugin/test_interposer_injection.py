@@ -1,14 +1,17 @@
-"""Allocate loads the CUDA interposer into containers whose memory is capped: the library
-and the preload file read-only, the container's own accounting directory read-write, and
-GPUSHARE_CUDA_REGION naming the region in it (deviceplugin/interposer.py)."""
+"""Allocate loads the CUDA interposer into containers whose memory is capped: the library,
+the preload file and the container's grant (what the node decided) read-only, the grant's
+own accounting directory read-write, and GPUSHARE_CUDA_REGION naming the region in it
+(deviceplugin/interposer.py)."""
 
 from pathlib import Path
 
 import pytest
 
+from gpushare import grant as grants
 from gpushare.environment import (
     ACCOUNTING_DIR_IN_CONTAINER,
     CUDA_REGION,
+    GRANT_IN_CONTAINER,
     INTERPOSER_IN_CONTAINER,
 )
 from gpushare.resources import GPU_CORE, GPU_MEM
@@ -28,6 +31,16 @@ def mounted(admitted) -> dict[str, tuple[str, bool]]:
     return {m.container_path: (m.host_path, m.read_only) for m in admitted.mounts}
 
 
+def granted(admitted) -> grants.Grant:
+    """The grant the container was given, read from the node's side of its mount."""
+    return grants.decode(Path(mounted(admitted)[GRANT_IN_CONTAINER][0]).read_bytes())
+
+
+def grant_folders(directory: Path) -> list[Path]:
+    root = directory / "grants"
+    return sorted(root.iterdir()) if root.is_dir() else []
+
+
 def test_a_capped_container_gets_the_library_the_preload_file_and_its_own_region(
     make_rig, short_tmp
 ):
@@ -37,14 +50,55 @@ def test_a_capped_container_gets_the_library_the_preload_file_and_its_own_region
 
     [main] = rig.kubelet.admit(pod)
 
-    accounting = directory / "regions" / pod.metadata.uid / "main"
+    [folder] = grant_folders(directory)
     assert mounted(main) == {
         INTERPOSER_IN_CONTAINER: (str(directory / "libgpushare-cuda.so"), True),
         "/etc/ld.so.preload": (str(directory / "ld.so.preload"), True),
-        ACCOUNTING_DIR_IN_CONTAINER: (str(accounting), False),
+        GRANT_IN_CONTAINER: (str(folder / "grant"), True),
+        ACCOUNTING_DIR_IN_CONTAINER: (str(folder / "region"), False),
     }
     assert main.envs[CUDA_REGION] == f"{ACCOUNTING_DIR_IN_CONTAINER}/cuda-region"
+    accounting = folder / "region"
     assert accounting.is_dir() and accounting.stat().st_mode & 0o777 == 0o777
+    assert (folder / "grant").stat().st_mode & 0o777 == 0o644
+
+
+def test_the_grant_holds_what_the_node_decided_for_the_container(make_rig, short_tmp):
+    directory = installed(short_tmp / "interposer")
+    rig = make_rig(layout="2x16GiB", mode="core_mem", interposer_dir=directory).start()
+    pod = rig.bind("train", [[1]], mem=4, core=30)
+
+    [main] = rig.kubelet.admit(pod)
+
+    grant = granted(main)
+    assert Path(mounted(main)[GRANT_IN_CONTAINER][0]).parent.name == grant.id
+    assert (grant.pod_uid, grant.pod_key, grant.container) == (
+        pod.metadata.uid,
+        pod.key,
+        "main",
+    )
+    assert grant.indices == (1,)
+    assert grant.uuids == tuple(main.envs["NVIDIA_VISIBLE_DEVICES"].split(","))
+    assert grant.mem_bytes == (4 << 30,)
+    # The compute percentage rides on the core answer's environment, but is granted too.
+    assert grant.core_percent == (30,)
+    assert grant.region == f"{ACCOUNTING_DIR_IN_CONTAINER}/cuda-region"
+
+
+def test_each_allocate_answer_gets_a_grant_of_its_own(make_rig, short_tmp):
+    """Two pods admitted in the other order than the plugin matched them still never
+    share a region: the region belongs to the answer, not to a pod's name."""
+    directory = installed(short_tmp / "interposer")
+    rig = make_rig(layout="1x16GiB", mode="cgpu", interposer_dir=directory).start()
+    first = rig.bind("first", [[0]], mem=2)
+    second = rig.bind("second", [[0]], mem=2)
+
+    [a] = rig.kubelet.admit(first)
+    [b] = rig.kubelet.admit(second)
+
+    assert mounted(a)[ACCOUNTING_DIR_IN_CONTAINER] != mounted(b)[ACCOUNTING_DIR_IN_CONTAINER]
+    assert granted(a).id != granted(b).id
+    assert len(grant_folders(directory)) == 2
 
 
 def test_each_container_of_a_pod_gets_a_region_of_its_own(make_rig, short_tmp):
@@ -54,9 +108,9 @@ def test_each_container_of_a_pod_gets_a_region_of_its_own(make_rig, short_tmp):
 
     a, b = rig.kubelet.admit(pod)
 
-    regions = directory / "regions" / pod.metadata.uid
-    assert mounted(a)[ACCOUNTING_DIR_IN_CONTAINER][0] == str(regions / "a")
-    assert mounted(b)[ACCOUNTING_DIR_IN_CONTAINER][0] == str(regions / "b")
+    assert mounted(a)[ACCOUNTING_DIR_IN_CONTAINER] != mounted(b)[ACCOUNTING_DIR_IN_CONTAINER]
+    assert (granted(a).container, granted(a).mem_bytes) == ("a", (2 << 30,))
+    assert (granted(b).container, granted(b).mem_bytes) == ("b", (3 << 30,))
 
 
 def test_memory_and_compute_answers_carry_the_mounts_once(make_rig, short_tmp):
@@ -67,7 +121,7 @@ def test_memory_and_compute_answers_carry_the_mounts_once(make_rig, short_tmp):
     [main] = rig.kubelet.admit(pod)
 
     assert set(main.device_ids) == {GPU_MEM, GPU_CORE}
-    assert len(main.mounts) == 3 and main.duplicate_envs == []
+    assert len(main.mounts) == 4 and main.duplicate_envs == []
     assert CUDA_REGION in main.envs
 
 
@@ -91,7 +145,7 @@ def test_nothing_is_loaded_where_memory_is_not_capped(make_rig, short_tmp, mode,
     [main] = rig.kubelet.admit(pod)
 
     assert main.mounts == [] and CUDA_REGION not in main.envs
-    assert not (directory / "regions" / pod.metadata.uid).exists()
+    assert grant_folders(directory) == []
 
 
 def test_a_pod_setting_cgpu_disable_false_still_gets_it(make_rig, short_tmp):
@@ -114,14 +168,14 @@ def test_until_the_agent_installed_the_library_containers_start_without_it(make_
     assert main.mounts == [] and CUDA_REGION not in main.envs
     installed(directory)
     [later] = rig.kubelet.admit(rig.bind("later", [[0]], mem=2))
-    assert len(later.mounts) == 3
+    assert len(later.mounts) == 4
 
 
 def test_an_accounting_directory_that_cannot_be_made_leaves_the_container_without_it(
     make_rig, short_tmp, caplog
 ):
     directory = installed(short_tmp / "interposer")
-    (directory / "regions").write_text("a file where the directory should be")
+    (directory / "grants").write_text("a file where the directory should be")
     rig = make_rig(layout="1x16GiB", mode="cgpu", interposer_dir=directory).start()
 
     [main] = rig.kubelet.admit(rig.bind("unlucky", [[0]], mem=2))
@@ -130,21 +184,27 @@ def test_an_accounting_directory_that_cannot_be_made_leaves_the_container_withou
     assert "starts without the CUDA interposer" in caplog.text
 
 
-def test_the_regions_of_deleted_pods_are_removed(make_rig, short_tmp):
+def test_the_grants_and_regions_of_deleted_pods_are_removed(make_rig, short_tmp):
     directory = installed(short_tmp / "interposer")
+    # What a plugin before grants left: an accounting directory by pod UID and name.
+    legacy = directory / "regions" / "uid-of-a-pod-gone-before-the-upgrade" / "main"
+    legacy.mkdir(parents=True)
     rig = make_rig(layout="1x16GiB", mode="cgpu", interposer_dir=directory).start()
     gone = rig.bind("gone", [[0]], mem=2)
-    rig.kubelet.admit(gone)
-    region = directory / "regions" / gone.metadata.uid
-    assert region.is_dir()
+    [answer] = rig.kubelet.admit(gone)
+    folder = Path(mounted(answer)[GRANT_IN_CONTAINER][0]).parent
+    half_made = directory / "grants" / ("f" * 32)  # an Allocate between mkdir and write
+    half_made.mkdir()
     rig.cluster.delete_pod("default", "gone")
     assert eventually(lambda: gone.metadata.uid not in rig.plugin.queue.uids())
 
     kept = rig.bind("next", [[0]], mem=2)
-    rig.kubelet.admit(kept)
+    [answer] = rig.kubelet.admit(kept)
 
-    assert eventually(lambda: not region.exists())
-    assert (directory / "regions" / kept.metadata.uid).is_dir()
+    assert eventually(lambda: not folder.exists())
+    assert not legacy.parent.exists()
+    assert half_made.is_dir()
+    assert Path(mounted(answer)[GRANT_IN_CONTAINER][0]).is_file()
 
 
 def test_without_an_interposer_directory_nothing_is_injected(make_rig):

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from queue import SimpleQueue
 from typing import Final
 
@@ -38,7 +38,13 @@ from gpushare.deviceplugin.journal import Grant, GrantJournal
 from gpushare.deviceplugin.metrics import Call, PluginMetrics, Refusal
 from gpushare.deviceplugin.node import LocalNode, NodeSnapshot
 from gpushare.deviceplugin.worker import start_daemon
-from gpushare.environment import CORE_PERCENTAGE, container_env, isolated_at_the_call
+from gpushare.environment import (
+    CORE_PERCENTAGE,
+    container_env,
+    isolated_at_the_call,
+    limits_from_env,
+)
+from gpushare.grant import GrantError
 from gpushare.objects import Pod
 from gpushare.resources import GPU_CORE, RESOURCE
 
@@ -303,7 +309,7 @@ def container_response(
     if GPU_CORE in waiting.requests and GPU_CORE in snapshot.advertised:
         del env[CORE_PERCENTAGE]
     injection = (
-        _injection(interposer, waiting.pod, container)
+        _injection(interposer, waiting.pod, container, env)
         if interposer is not None and isolated_at_the_call(waiting.pod, container, env)
         else None
     )
@@ -322,14 +328,20 @@ def container_response(
 
 
 def _injection(
-    interposer: InterposerMounts, pod: Pod, container: ContainerAllocation
+    interposer: InterposerMounts, pod: Pod, container: ContainerAllocation, env: dict[str, str]
 ) -> Injection | None:
-    """The interposer's mounts for the container; None, logged, when its accounting
-    directory cannot be made: the container then starts without the interposer and the
-    agent enforces its cap after the fact, rather than the pod failing to start."""
+    """The interposer's mounts for the container; None, logged, when its grant or
+    accounting directory cannot be made: the container then starts without the
+    interposer and the agent enforces its cap after the fact, rather than the pod failing
+    to start."""
+    limits = limits_from_env(env)
+    if limits is None:  # container_env always sets the cap; typed as optional
+        return None
+    # The compute percentage goes in the grant even where the core answer carries it.
+    core = tuple(0 if container.exclusive else s.core for s in container.gpus)
     try:
-        return interposer.for_container(pod.metadata.uid, container.name)
-    except OSError as err:
+        return interposer.for_container(pod.metadata.uid, replace(limits, core_percent=core))
+    except (OSError, GrantError) as err:
         log.warning(
             "%s container %s starts without the CUDA interposer: %s", pod.key, container.name, err
         )

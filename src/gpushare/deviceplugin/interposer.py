@@ -3,26 +3,35 @@
 The isolation agent puts libgpushare-cuda.so and an ld.so.preload naming it into the
 node's interposer directory when it starts (it owns the library: isolation/interposer/).
 For a container whose memory is capped (`environment.isolated_at_the_call`), Allocate
-then mounts both read-only — the preload file over the container's /etc/ld.so.preload, so
-the dynamic loader maps the library into every process of the container — and the
-container's own accounting directory read-write, made here under `regions/`, whose region
-file GPUSHARE_CUDA_REGION names. Until the agent has installed the library nothing is
-added: the container runs without it and the agent enforces after the fact.
+then writes a grant (gpushare.grant: the caps, GPUs and shares the node decided) under
+`grants/<id>/`, one per answer, and mounts: the library and the preload file read-only
+(the preload file over the container's /etc/ld.so.preload, so the dynamic loader maps
+the library into every process of the container), the grant read-only at
+/etc/gpushare/grant, and the grant's own accounting directory read-write at
+/run/gpushare, where the library makes the region. The container can write its region
+but not its grant: the library and the agent take what they enforce from the grant.
+Until the agent has installed the library nothing is added: the container runs without
+it and the agent enforces after the fact.
 """
 
 import logging
+import os
 import shutil
+import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from gpushare import grant as grants
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpushare.environment import (
     ACCOUNTING_DIR_IN_CONTAINER,
     CUDA_REGION,
+    GRANT_IN_CONTAINER,
     INTERPOSER_IN_CONTAINER,
     REGION_FILE,
+    ContainerLimits,
 )
 
 log = logging.getLogger(__name__)
@@ -30,6 +39,8 @@ log = logging.getLogger(__name__)
 LIBRARY_NAME: Final = "libgpushare-cuda.so"
 PRELOAD_NAME: Final = "ld.so.preload"
 REGIONS: Final = "regions"
+"""Where plugins before grants made each container's accounting directory (by pod UID and
+container name); only pruned now."""
 PRELOAD_IN_CONTAINER: Final = "/etc/ld.so.preload"
 
 
@@ -52,19 +63,24 @@ class InterposerMounts:
             self.directory / PRELOAD_NAME
         ).is_file()
 
-    def accounting_dir(self, pod_uid: str, container: str) -> Path:
-        return self.directory / REGIONS / pod_uid / container
+    def grant_dir(self, grant_id: str) -> Path:
+        return self.directory / grants.GRANTS / grant_id
 
-    def for_container(self, pod_uid: str, container: str) -> Injection | None:
+    def for_container(self, pod_uid: str, limits: ContainerLimits) -> Injection | None:
         """The mounts and variable that load the interposer into one container, its
-        accounting directory made; None while the agent has not installed the library."""
+        grant written and accounting directory made; None while the agent has not
+        installed the library."""
         if not self.installed:
             return None
-        accounting = self.accounting_dir(pod_uid, container)
-        accounting.mkdir(parents=True, exist_ok=True)
+        region = f"{ACCOUNTING_DIR_IN_CONTAINER}/{REGION_FILE}"
+        grant = grants.grant_for(uuid.uuid4().hex, pod_uid, limits, region)
+        folder = self.grant_dir(grant.id)
+        accounting = folder / grants.REGION_DIR
+        accounting.mkdir(parents=True)
         # Any user of the container's image must be able to create the region in it; the
         # directory is mounted into that one container only.
         accounting.chmod(0o777)
+        _write_atomically(folder / grants.GRANT_FILE, grants.encode(grant))
         return Injection(
             mounts=(
                 pb.Mount(
@@ -78,23 +94,64 @@ class InterposerMounts:
                     read_only=True,
                 ),
                 pb.Mount(
+                    container_path=GRANT_IN_CONTAINER,
+                    host_path=str(folder / grants.GRANT_FILE),
+                    read_only=True,
+                ),
+                pb.Mount(
                     container_path=ACCOUNTING_DIR_IN_CONTAINER,
                     host_path=str(accounting),
                     read_only=False,
                 ),
             ),
-            env={CUDA_REGION: f"{ACCOUNTING_DIR_IN_CONTAINER}/{REGION_FILE}"},
+            # Older libraries find the region by this variable; this one by the grant.
+            env={CUDA_REGION: region},
         )
 
     def prune(self, live_pod_uids: Collection[str]) -> list[str]:
-        """Removes the accounting directories of pods no longer bound to this node; the
-        UIDs removed."""
-        root = self.directory / REGIONS
-        if not root.is_dir():
-            return []
-        gone = [d for d in root.iterdir() if d.is_dir() and d.name not in live_pod_uids]
-        for directory in gone:
+        """Removes the grants (and accounting directories) of pods no longer bound to
+        this node; the UIDs removed."""
+        gone: dict[str, list[Path]] = {}
+        legacy = self.directory / REGIONS
+        if legacy.is_dir():
+            for directory in legacy.iterdir():
+                if directory.is_dir() and directory.name not in live_pod_uids:
+                    gone.setdefault(directory.name, []).append(directory)
+        root = self.directory / grants.GRANTS
+        if root.is_dir():
+            for folder in root.iterdir():
+                uid = _pod_uid_of(folder)
+                if uid is not None and uid not in live_pod_uids:
+                    gone.setdefault(uid, []).append(folder)
+        for directory in (d for folders in gone.values() for d in folders):
             shutil.rmtree(directory, ignore_errors=True)
         if gone:
-            log.info("removed the accounting directories of %d pod(s) gone", len(gone))
-        return [d.name for d in gone]
+            log.info("removed the grants and accounting directories of %d pod(s) gone", len(gone))
+        return sorted(gone)
+
+
+def _pod_uid_of(folder: Path) -> str | None:
+    """The pod a grant folder is for; None while it is being written (no grant file yet:
+    Allocate makes the folder first) or when it is no folder of ours. A grant that cannot
+    be read any more is the plugin's own damage: its pod is taken as gone ("")."""
+    try:
+        data = (folder / grants.GRANT_FILE).read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return ""
+    try:
+        return grants.decode(data).pod_uid
+    except grants.GrantError:
+        return ""
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Readers see the whole grant or none: written beside, then renamed over."""
+    partial = path.with_name(f".{path.name}.partial")
+    with open(partial, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    partial.chmod(0o644)
+    partial.replace(path)

@@ -4,6 +4,10 @@
  * Functions come from dlopen("libcuda.so.1") + dlsym, so with libgpushare-cuda.so
  * preloaded they are the hooks. On a real driver the kernel is a PTX no-op; on the fake
  * (no cuModuleLoadData) a NULL function with gridDimX 0, which the fake runs for 0 us.
+ *
+ * With a second argument LIVE: "cuMemFree_v2@LIVE <p50> <p99>", the cost of a free while
+ * LIVE allocations of 4 KiB are held (each timed free is of a random live one, which is
+ * then allocated again, untimed).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -35,6 +39,32 @@ static void report(const char *call, long long *samples, int n) {
     printf("%s %lld %lld\n", call, samples[n / 2], samples[n * 99 / 100]);
 }
 
+static unsigned long long next_random(unsigned long long *state) {
+    *state ^= *state << 13, *state ^= *state >> 7, *state ^= *state << 17;
+    return *state;
+}
+
+static int frees_among_live(int n, int live, CUresult (*alloc)(unsigned long long *, size_t),
+                            CUresult (*release)(unsigned long long)) {
+    unsigned long long *held = malloc(sizeof *held * (size_t)live), state = 88172645463325252ull;
+    long long *samples = malloc(sizeof *samples * (size_t)n);
+    for (int i = 0; i < live; i++)
+        if (alloc(&held[i], 4096))
+            return 3;
+    for (int i = 0; i < n; i++) {
+        int victim = (int)(next_random(&state) % (unsigned long long)live);
+        long long t0 = now();
+        release(held[victim]);
+        samples[i] = now() - t0;
+        if (alloc(&held[victim], 4096))
+            return 3;
+    }
+    char call[64];
+    snprintf(call, sizeof call, "cuMemFree_v2@%d", live);
+    report(call, samples, n);
+    return 0;
+}
+
 #define NEED(name) name = dlsym(driver, #name); if (!name) { fprintf(stderr, "no %s\n", #name); return 2; }
 
 int main(int argc, char **argv) {
@@ -60,6 +90,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "no device\n");
         return 2;
     }
+    if (argc > 2)
+        return frees_among_live(n, atoi(argv[2]), cuMemAlloc_v2, cuMemFree_v2);
     CUfunction kernel = NULL;
     unsigned grid = 0;
     CUmodule module;

@@ -4,7 +4,9 @@ without the library preloaded (a region, a cap far above what is used, the gate 
 
 By default over the fake driver (tests/fakecuda), where the driver itself costs almost
 nothing, so the difference is the interposer's own path; with --real over the machine's
-libcuda.so.1 and GPU 0 (an empty PTX kernel).
+libcuda.so.1 and GPU 0 (an empty PTX kernel). Frees are also timed while 10k, 100k and
+1M allocations are live (cuMemFree_v2@LIVE; --live), where a table of held allocations
+that does not grow would slow them down.
 
 Then, on the fake driver, the share accuracy: under each cGPU policy that slices time,
 the real agent paces two containers (30/70 percent, weights 1:3) and the first alone
@@ -47,10 +49,29 @@ def build(directory: Path, real: bool) -> tuple[Path, Path]:
     return harness, build_library(directory)
 
 
-def run(harness: Path, iterations: int, env: dict[str, str]) -> Timings:
+def run_pair(harness: Path, iterations: int, env: dict[str, str]) -> tuple[int, int]:
+    """cuLaunchKernel's p50 in each of two processes of one container launching at once
+    (the region's shared counters are where two processes would meet)."""
+    runs = [
+        subprocess.Popen(
+            [str(harness), str(iterations)], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    p50s = []
+    for process in runs:
+        out, _ = process.communicate()
+        assert process.returncode == 0, f"the harness exited {process.returncode}"
+        rows = {line.split()[0]: int(line.split()[1]) for line in out.splitlines()}
+        p50s.append(rows["cuLaunchKernel"])
+    return p50s[0], p50s[1]
+
+
+def run(harness: Path, iterations: int, env: dict[str, str], *live: int) -> Timings:
     out = subprocess.run(
-        [str(harness), str(iterations)], env=env, capture_output=True, text=True, check=True
-    ).stdout
+        [str(harness), str(iterations), *map(str, live)],
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
     rows = (line.split() for line in out.splitlines())
     return {call: (int(p50), int(p99)) for call, p50, p99 in rows}
 
@@ -60,6 +81,10 @@ def main() -> None:
     parser.add_argument("--real", action="store_true", help="the machine's libcuda.so.1, GPU 0")
     parser.add_argument("--iterations", type=int, default=100_000, help="calls timed per kind")
     parser.add_argument("--no-shares", action="store_true", help="skip the share accuracy")
+    parser.add_argument(
+        "--live", default="10000,100000,1000000",
+        help="also time frees while this many allocations are held (comma-separated)",
+    )  # fmt: skip
     parser.add_argument(
         "--seconds", type=float, default=2.5, help="run time of each share measurement"
     )
@@ -79,6 +104,11 @@ def main() -> None:
         }
         without = run(harness, args.iterations, plain)
         with_library = run(harness, args.iterations, hooked)
+        for live in (int(n) for n in args.live.split(",") if n):
+            without |= run(harness, args.iterations, plain, live)
+            with_library |= run(harness, args.iterations, hooked, live)
+        pair_without = run_pair(harness, args.iterations, plain)
+        pair_with = run_pair(harness, args.iterations, hooked)
     rows = [
         [call, *map(str, without[call]), *map(str, with_library[call]),
          str(with_library[call][0] - without[call][0]),
@@ -88,6 +118,12 @@ def main() -> None:
     driver = "the machine's libcuda" if args.real else "the fake driver"
     print(f"libgpushare-cuda.so on {driver}, {args.iterations:,} calls each, ns")
     print(render(["call", "p50", "p99", "p50 hooked", "p99 hooked", "+p50", "+p99"], rows))
+    added = [w - o for w, o in zip(pair_with, pair_without, strict=True)]
+    print(
+        "cuLaunchKernel p50 with two processes of one container launching at once: "
+        f"{'/'.join(map(str, pair_without))} ns without, {'/'.join(map(str, pair_with))} ns "
+        f"with the library (+{added[0]} / +{added[1]} ns)"
+    )
     if not args.no_shares:
         shares(args.seconds)
 

@@ -29,6 +29,7 @@ from gpushare.extender.metrics import (
     Verb,
     Webhook,
 )
+from gpushare.isolation.interposer.region import Refusal as RegionRefusal
 from gpushare.isolation.memory import MemoryAction
 from gpushare.isolation.metrics import AgentMetrics
 from gpushare.isolation.policy import Policy
@@ -50,6 +51,8 @@ SOURCES: Mapping[tuple[str, str], Iterable[str]] = {
     ("gpushare_device_plugin_allocation_failures", "reason"): Refusal,
     ("gpushare_device_plugin_answer_timeouts", "call"): Call,
     ("gpushare_isolation_memory_cap_violations", "action"): MemoryAction,
+    ("gpushare_isolation_memory_backstop_actions", "action"): MemoryAction,
+    ("gpushare_isolation_region_distrusted", "reason"): RegionRefusal,
     ("gpushare_isolation_control_writes_refused", "file"): FILE_NAMES,
 }
 """Labels whose values are a fixed set, by metric."""

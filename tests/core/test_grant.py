@@ -69,12 +69,8 @@ def grants(draw: st.DrawFn) -> Grant:
         uuids=tuple(draw(st.lists(_names.filter(bool), min_size=count, max_size=count)))
         if draw(st.booleans())
         else (),
-        mem_bytes=tuple(
-            draw(st.lists(st.integers(1, 1 << 50), min_size=count, max_size=count))
-        ),
-        core_percent=tuple(
-            draw(st.lists(st.integers(0, 100), min_size=count, max_size=count))
-        ),
+        mem_bytes=tuple(draw(st.lists(st.integers(1, 1 << 50), min_size=count, max_size=count))),
+        core_percent=tuple(draw(st.lists(st.integers(0, 100), min_size=count, max_size=count))),
         dev_mem_gib=tuple(draw(ints)),
         weight=draw(st.integers(1, 100)),
         high_priority=draw(st.booleans()),

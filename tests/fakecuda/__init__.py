@@ -9,6 +9,9 @@ UUIDs, a region path) and runs processes in it, each with the interposer in LD_P
     lines = container.probe("dlsym", "init", "0", "alloc", "mem", str(768 * MIB))
     container.python("import ctypes; ...")      # the same environment, for ctypes cases
 
+A granted container (`granted=True`) preloads a second build of the interposer that reads
+its grant at `FakeCuda.grant_path` instead of /etc/gpushare/grant; `grant_text` writes one.
+
 Everything is built once per test process into a temp directory (`fake_cuda()`); a
 test skips, saying why, when there is no C compiler.
 """
@@ -50,13 +53,17 @@ def uuid(n: int) -> str:
 
 @dataclass(frozen=True)
 class FakeCuda:
-    """What was built: the fake driver, the probe, the interposer, the RTLD_NEXT pair."""
+    """What was built: the fake driver, the probe, the interposer, the RTLD_NEXT pair, and
+    the interposer that reads its grant at grant_path (where no file is, unless a test
+    writes one)."""
 
     directory: Path
     driver: Path
     probe: Path
     interposer: Path
     rtld_next_program: Path
+    granted_interposer: Path
+    grant_path: Path
 
 
 def _compile(*arguments: str) -> None:
@@ -114,11 +121,13 @@ def build_fake_cuda(directory: Path) -> FakeCuda:
         f"-Wl,-rpath,{directory}",
         "-ldl",
     )
+    grant_path = directory / "grant"
     try:
         library = interposer.build_library(directory)
+        granted = interposer.build_library(directory, grant_path=str(grant_path))
     except interposer.CompilerMissing as missing:
         raise FakeCudaUnavailable(str(missing)) from missing
-    return FakeCuda(directory, driver, probe, library, rtld_next_program)
+    return FakeCuda(directory, driver, probe, library, rtld_next_program, granted, grant_path)
 
 
 @cache
@@ -134,6 +143,28 @@ def fake_cuda_or_skip() -> FakeCuda:
         return fake_cuda()
     except FakeCudaUnavailable as missing:
         pytest.skip(str(missing))
+
+
+def grant_text(
+    region: Path, mem_bytes: Sequence[int], uuids: Sequence[str] = (), /, **more: str
+) -> str:
+    """A well-formed grant (notes/grant-contract.md) for GPUs capped at `mem_bytes`, by
+    UUID or (none given) by ordinal; `more` adds or overrides keys (`_` for `-`)."""
+    fields = {
+        "id": "0123456789abcdef0123456789abcdef",
+        "pod-uid": "c0ffee00-0000-4000-8000-000000000000",
+        "namespace": "ml",
+        "pod": "train",
+        "container": "app",
+        "indices": ",".join(str(i) for i in range(len(mem_bytes))),
+        "uuids": ",".join(uuids),
+        "mem-bytes": ",".join(str(b) for b in mem_bytes),
+        "core-percent": ",".join("0" for _ in mem_bytes),
+        "region": str(region),
+        **{key.replace("_", "-"): value for key, value in more.items()},
+    }
+    lines = ["gpushare-grant=1", *(f"{key}={value}" for key, value in fields.items())]
+    return "".join(f"{line}\n" for line in lines)
 
 
 def parse_line(line: str) -> dict[str, str]:
@@ -157,6 +188,8 @@ class Container:
     """NVIDIA_VISIBLE_DEVICES; None: the devices' UUIDs in order."""
     extra: Mapping[str, str] = field(default_factory=dict)
     preload: bool = True
+    granted: bool = False
+    """Preload the interposer that reads its grant at built.grant_path."""
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSHARE_", "FAKE_"))}
@@ -169,7 +202,8 @@ class Container:
         env["LD_LIBRARY_PATH"] = ":".join(paths)
         env["FAKE_CUDA_DEVICES"] = ",".join(f"{u}:{size}" for u, size in self.devices)
         if self.preload:
-            env["LD_PRELOAD"] = str(self.built.interposer)
+            chosen = self.built.granted_interposer if self.granted else self.built.interposer
+            env["LD_PRELOAD"] = str(chosen)
         if self.region is not None:
             env["GPUSHARE_CUDA_REGION"] = str(self.region)
         if self.caps is not None:

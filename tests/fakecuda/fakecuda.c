@@ -2,9 +2,13 @@
  * A stand-in for the NVIDIA driver's libcuda.so.1, for running the interposer and its
  * probes on a machine without a GPU. It keeps real books: each device has a size, every
  * allocation path takes from it and refuses (CUDA_ERROR_OUT_OF_MEMORY) when it is
- * exhausted, every free gives back; and it says what reached it:
+ * exhausted, every free gives back, and it keeps memory as the real driver does: a VMM
+ * physical allocation (cuMemCreate) lives while a handle or a mapping (cuMemMap) refers
+ * to it; a memory pool keeps what its allocations leave behind until cuMemPoolTrimTo, a
+ * synchronize (down to the pool's release threshold, 0 by default) or its destruction.
+ * It says what reached it:
  *
- *   unsigned long long fakecuda_reached(int device)  bytes allocated on it now
+ *   unsigned long long fakecuda_reached(int device)  physical bytes in use on it now
  *   long fakecuda_calls(const char *function)         times that export was called
  *   unsigned long long fakecuda_busy_ns(void)         time this process's kernels held
  *                                                     their device (its "GPU time")
@@ -52,27 +56,44 @@ struct device {
     pthread_mutex_t kernel;
 };
 
+/* A memory pool keeps the physical memory its allocations leave behind: a free returns
+ * the bytes to the pool, and only a trim (cuMemPoolTrimTo, or a synchronize down to the
+ * release threshold) or the pool's destruction gives them back to the device. */
+struct pool {
+    int device; /* -1: a host pool */
+    int destroyed;
+    uint64_t threshold; /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: kept at a synchronize */
+    uint64_t reserved;  /* physical bytes the pool holds */
+    uint64_t used;      /* of those, in allocations not yet freed */
+};
+
+/* What the driver handed out, by (kind, key). A VMM physical allocation ('h') lives while
+ * an unreleased handle or a mapping of it ('M') refers to it. */
 struct allocation {
     uint64_t key;
-    int device; /* -1: host memory */
+    char kind;  /* 0 an empty slot; 'p' pointer, 'h' VMM handle, 'a' array, 'm' mipmapped
+                   array, 'v' reserved address range, 'M' mapping of a handle at an address */
+    int device; /* -1: host memory (or no memory: 'v', 'M') */
     uint64_t bytes;
-    char kind; /* 'p' pointer, 'h' VMM handle, 'a' array, 'm' mipmapped array */
+    struct pool *pool;          /* 'p': the pool it came from, or NULL */
+    uint64_t handle;            /* 'M': the physical allocation mapped */
+    unsigned handles, mappings; /* 'h': its unreleased handles and its mappings */
 };
 
 static struct device devices[MAX_DEVICES];
 static int device_count;
 static int initialised;
-static struct allocation *allocations;
-static size_t allocation_count, allocation_space;
 static uint64_t next_key = 1;
+static uint64_t next_address = 1ull << 40; /* reserved virtual address ranges */
 static pthread_mutex_t books = PTHREAD_MUTEX_INITIALIZER;
 static struct ctx {
     int device;
 } contexts[MAX_DEVICES];
 static __thread struct ctx *current;
-static struct pool {
-    int device;
-} pools[MAX_DEVICES];
+#define MAX_POOLS 256
+static struct pool pools[MAX_POOLS]; /* the devices' default pools first */
+static int pool_count;
+static struct pool *device_pool[MAX_DEVICES]; /* cuDeviceSetMemPool's choice */
 
 /* Calls, by function name. */
 #define MAX_FUNCTIONS 128
@@ -162,8 +183,10 @@ static void configure(void) {
         }
         contexts[device_count].device = device_count;
         pools[device_count].device = device_count;
+        device_pool[device_count] = &pools[device_count];
         device_count++;
     }
+    pool_count = device_count;
 }
 
 static pthread_once_t configured = PTHREAD_ONCE_INIT;
@@ -299,42 +322,142 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice device) {
     return rc;
 }
 
-/* The books: take `bytes` from `device` (-1: host), handing out a key that fits in 32 bits. */
+/* The books: an open-addressing table (linear probing, backward-shift deletion), so
+ * that an allocation and a free cost the same at a million live allocations. */
+static struct allocation *table;
+static unsigned table_bits;
+static size_t table_count;
+
+static size_t slot_of(char kind, uint64_t key) {
+    uint64_t h = (key ^ ((uint64_t)(unsigned char)kind << 56)) * 0x9e3779b97f4a7c15ull;
+    return (size_t)(h >> (64 - table_bits));
+}
+
+static struct allocation *find(char kind, uint64_t key) {
+    if (table == NULL)
+        return NULL;
+    size_t mask = ((size_t)1 << table_bits) - 1;
+    for (size_t i = slot_of(kind, key); table[i].kind; i = (i + 1) & mask)
+        if (table[i].key == key && table[i].kind == kind)
+            return &table[i];
+    return NULL;
+}
+
+static void place(const struct allocation *a) {
+    size_t mask = ((size_t)1 << table_bits) - 1, i = slot_of(a->kind, a->key);
+    while (table[i].kind)
+        i = (i + 1) & mask;
+    table[i] = *a;
+}
+
+/* Adds `a` (growing the table at 3/4 full): pointers into the table are stale after. */
+static int insert(const struct allocation *a) {
+    if (table == NULL || (table_count + 1) * 4 > ((size_t)3 << table_bits)) {
+        struct allocation *old = table;
+        size_t old_size = table ? (size_t)1 << table_bits : 0;
+        unsigned bits = table ? table_bits + 1 : 10;
+        struct allocation *grown = calloc((size_t)1 << bits, sizeof *grown);
+        if (grown == NULL)
+            return -1;
+        table = grown, table_bits = bits;
+        for (size_t i = 0; i < old_size; i++)
+            if (old[i].kind)
+                place(&old[i]);
+        free(old);
+    }
+    place(a);
+    table_count++;
+    return 0;
+}
+
+static void erase(struct allocation *a) {
+    size_t mask = ((size_t)1 << table_bits) - 1, hole = (size_t)(a - table);
+    table[hole].kind = 0;
+    for (size_t j = (hole + 1) & mask; table[j].kind; j = (j + 1) & mask) {
+        size_t home = slot_of(table[j].kind, table[j].key);
+        /* Move it into the hole unless its home lies cyclically in (hole, j]. */
+        int stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+        if (!stays) {
+            table[hole] = table[j];
+            table[j].kind = 0;
+            hole = j;
+        }
+    }
+    table_count--;
+}
+
+/* Physical memory of a device (-1: host, not counted); the caller holds `books`. */
+static CUresult charge(int device, uint64_t bytes) {
+    if (device >= 0 && bytes > devices[device].total - devices[device].used)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (device >= 0)
+        devices[device].used += bytes;
+    return CUDA_SUCCESS;
+}
+
+static void discharge(int device, uint64_t bytes) {
+    if (device >= 0)
+        devices[device].used -= bytes;
+}
+
+/* A key that fits in 32 bits (the legacy exports' pointers) for 16 million allocations. */
+static uint64_t new_key(void) { return 0x100000 + (next_key++ << 8); }
+
+/* Takes `bytes` from `device` (-1: host) as a new allocation of `kind`, saying its key. */
 static CUresult take(int device, uint64_t bytes, char kind, uint64_t *key) {
     if (device >= 0 && valid_device(device) != CUDA_SUCCESS)
         return valid_device(device);
     if (bytes == 0)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&books);
-    if (device >= 0 && bytes > devices[device].total - devices[device].used) {
-        pthread_mutex_unlock(&books);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = charge(device, bytes);
+    if (rc == CUDA_SUCCESS) {
+        struct allocation a = {new_key(), kind, device, bytes, NULL, 0, kind == 'h', 0};
+        if (insert(&a) == 0)
+            *key = a.key;
+        else
+            discharge(device, bytes), rc = CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (allocation_count == allocation_space) {
-        allocation_space = allocation_space ? 2 * allocation_space : 64;
-        allocations = realloc(allocations, allocation_space * sizeof *allocations);
-    }
-    *key = 0x100000 + (next_key++ << 12);
-    allocations[allocation_count++] = (struct allocation){*key, device, bytes, kind};
-    if (device >= 0)
-        devices[device].used += bytes;
     pthread_mutex_unlock(&books);
-    return CUDA_SUCCESS;
+    return rc;
+}
+
+/* Releases down to `keep` bytes, never below what the pool's allocations hold. */
+static void trim(struct pool *p, uint64_t keep) {
+    uint64_t target = p->reserved < keep ? p->reserved : keep;
+    if (target < p->used)
+        target = p->used;
+    discharge(p->device, p->reserved - target);
+    p->reserved = target;
 }
 
 static CUresult give(uint64_t key, char kind) {
     pthread_mutex_lock(&books);
-    for (size_t i = 0; i < allocation_count; i++) {
-        if (allocations[i].key == key && allocations[i].kind == kind) {
-            if (allocations[i].device >= 0)
-                devices[allocations[i].device].used -= allocations[i].bytes;
-            allocations[i] = allocations[--allocation_count];
-            pthread_mutex_unlock(&books);
-            return CUDA_SUCCESS;
-        }
+    struct allocation *a = find(kind, key);
+    if (a == NULL) {
+        pthread_mutex_unlock(&books);
+        return CUDA_ERROR_INVALID_VALUE;
     }
+    struct pool *p = a->pool;
+    if (p != NULL) {
+        p->used -= a->bytes; /* the pool keeps the memory */
+        if (p->destroyed)
+            trim(p, 0);
+    } else {
+        discharge(a->device, a->bytes);
+    }
+    erase(a);
     pthread_mutex_unlock(&books);
-    return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+/* At a synchronize, as the real driver does, each pool gives back what it keeps over its
+ * release threshold. */
+static void synchronize(void) {
+    pthread_mutex_lock(&books);
+    for (int i = 0; i < pool_count; i++)
+        trim(&pools[i], pools[i].threshold);
+    pthread_mutex_unlock(&books);
 }
 
 static CUresult in_context(int *device) {
@@ -373,24 +496,54 @@ EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytes) {
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) { POINTER_ALLOC(bytes); }
 
+
+static struct pool *pool_of(CUmemoryPool handle) {
+    struct pool *p = (struct pool *)handle;
+    return p >= pools && p < pools + pool_count && !p->destroyed ? p : NULL;
+}
+
+/* From the pool's spare bytes first; it grows by what they do not cover. */
+static CUresult pool_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool handle) {
+    if (!initialised)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (dptr == NULL || bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&books);
+    struct pool *p = pool_of(handle);
+    CUresult rc = p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    uint64_t spare = p ? p->reserved - p->used : 0;
+    uint64_t grow = bytes > spare ? bytes - spare : 0;
+    if (rc == CUDA_SUCCESS)
+        rc = charge(p->device, grow);
+    if (rc == CUDA_SUCCESS) {
+        struct allocation a = {new_key(), 'p', p->device, bytes, p, 0, 0, 0};
+        if (insert(&a) == 0) {
+            p->reserved += grow, p->used += bytes;
+            *dptr = a.key;
+        } else {
+            discharge(p->device, grow), rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    pthread_mutex_unlock(&books);
+    return rc;
+}
+
+static CUresult context_pool_alloc(CUdeviceptr *dptr, size_t bytes) {
+    int device;
+    CUresult rc = in_context(&device);
+    return rc == CUDA_SUCCESS ? pool_alloc(dptr, bytes, (CUmemoryPool)device_pool[device]) : rc;
+}
+
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
+    called(__func__);
     (void)stream;
-    POINTER_ALLOC(bytes);
+    return context_pool_alloc(dptr, bytes);
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
+    called(__func__);
     (void)stream;
-    POINTER_ALLOC(bytes);
-}
-
-static CUresult pool_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool) {
-    if (pool == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    uint64_t key;
-    CUresult rc = take(((struct pool *)pool)->device, bytes, 'p', &key);
-    if (rc == CUDA_SUCCESS)
-        *dptr = key;
-    return rc;
+    return context_pool_alloc(dptr, bytes);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
@@ -530,9 +683,238 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
     (void)stream;
     return give(dptr, 'p');
 }
+
+/* A physical allocation no handle and no mapping refers to any more goes back. */
+static void drop_if_unreferenced(struct allocation *physical) {
+    if (physical->handles == 0 && physical->mappings == 0) {
+        discharge(physical->device, physical->bytes);
+        erase(physical);
+    }
+}
+
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     called(__func__);
-    return give(handle, 'h');
+    pthread_mutex_lock(&books);
+    struct allocation *physical = find('h', handle);
+    CUresult rc = physical && physical->handles ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) {
+        physical->handles--;
+        drop_if_unreferenced(physical);
+    }
+    pthread_mutex_unlock(&books);
+    return rc;
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                    CUdeviceptr addr, unsigned long long flags) {
+    called(__func__);
+    (void)alignment, (void)addr, (void)flags;
+    if (ptr == NULL || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&books);
+    struct allocation range = {next_address, 'v', -1, size, NULL, 0, 0, 0};
+    CUresult rc = insert(&range) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    if (rc == CUDA_SUCCESS) {
+        *ptr = next_address;
+        next_address += (size + (4u << 20) - 1) / (2u << 20) * (2u << 20); /* and a gap */
+    }
+    pthread_mutex_unlock(&books);
+    return rc;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    called(__func__);
+    (void)size;
+    return give(ptr, 'v');
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle handle, unsigned long long flags) {
+    called(__func__);
+    pthread_mutex_lock(&books);
+    struct allocation *physical = find('h', handle);
+    CUresult rc = CUDA_SUCCESS;
+    if (physical == NULL || physical->handles == 0 || flags != 0 || size == 0 ||
+        offset + size > physical->bytes || find('M', ptr) != NULL)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) {
+        physical->mappings++;
+        struct allocation mapping = {ptr, 'M', -1, size, NULL, handle, 0, 0};
+        if (insert(&mapping) != 0) {
+            find('h', handle)->mappings--;
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    pthread_mutex_unlock(&books);
+    return rc;
+}
+
+/* Unmaps every mapping in [ptr, ptr + size), which must start with one. */
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    called(__func__);
+    pthread_mutex_lock(&books);
+    CUresult rc = find('M', ptr) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    struct allocation *mapping;
+    for (uint64_t at = ptr; rc == CUDA_SUCCESS && at < ptr + size && (mapping = find('M', at));) {
+        uint64_t handle = mapping->handle;
+        at += mapping->bytes;
+        erase(mapping);
+        struct allocation *physical = find('h', handle);
+        physical->mappings--;
+        drop_if_unreferenced(physical);
+    }
+    pthread_mutex_unlock(&books);
+    return rc;
+}
+
+static struct allocation *mapping_at(uint64_t address) {
+    struct allocation *exact = find('M', address);
+    if (exact != NULL || table == NULL)
+        return exact;
+    for (size_t i = 0; i < (size_t)1 << table_bits; i++)
+        if (table[i].kind == 'M' && table[i].key <= address &&
+            address < table[i].key + table[i].bytes)
+            return &table[i];
+    return NULL;
+}
+
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    called(__func__);
+    if (handle == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&books);
+    struct allocation *mapping = mapping_at((uint64_t)(uintptr_t)addr);
+    if (mapping != NULL) {
+        *handle = mapping->handle;
+        find('h', mapping->handle)->handles++;
+    }
+    pthread_mutex_unlock(&books);
+    return mapping ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice device) {
+    called(__func__);
+    CUresult rc = valid_device(device);
+    if (rc == CUDA_SUCCESS)
+        *pool = (CUmemoryPool)device_pool[device];
+    return rc;
+}
+
+EXPORT CUresult cuDeviceSetMemPool(CUdevice device, CUmemoryPool pool) {
+    called(__func__);
+    CUresult rc = valid_device(device);
+    struct pool *p = pool_of(pool);
+    if (rc == CUDA_SUCCESS && (p == NULL || p->device != device))
+        rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        device_pool[device] = p;
+    return rc;
+}
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    called(__func__);
+    if (!initialised)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (pool == NULL || props == NULL || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return CUDA_ERROR_INVALID_VALUE;
+    int device = props->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? props->location.id : -1;
+    if (props->location.type == CU_MEM_LOCATION_TYPE_INVALID ||
+        (device >= 0 && valid_device(device) != CUDA_SUCCESS))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&books);
+    CUresult rc = pool_count < MAX_POOLS ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    if (rc == CUDA_SUCCESS) {
+        pools[pool_count] = (struct pool){device, 0, 0, 0, 0};
+        *pool = (CUmemoryPool)&pools[pool_count++];
+    }
+    pthread_mutex_unlock(&books);
+    return rc;
+}
+
+/* Gives back what it keeps now, and the rest as its allocations are freed. */
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    called(__func__);
+    pthread_mutex_lock(&books);
+    struct pool *p = pool_of(pool);
+    CUresult rc = p && p >= pools + device_count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) {
+        p->destroyed = 1;
+        trim(p, 0);
+        if (p->device >= 0 && device_pool[p->device] == p)
+            device_pool[p->device] = &pools[p->device];
+    }
+    pthread_mutex_unlock(&books);
+    return rc;
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+    called(__func__);
+    pthread_mutex_lock(&books);
+    struct pool *p = pool_of(pool);
+    if (p != NULL)
+        trim(p, keep);
+    pthread_mutex_unlock(&books);
+    return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    called(__func__);
+    pthread_mutex_lock(&books);
+    struct pool *p = pool_of(pool);
+    CUresult rc = p && value ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS && attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+        p->threshold = *(cuuint64_t *)value;
+    else if (rc == CUDA_SUCCESS && (attr < 1 || attr > 3)) /* else: a reuse policy flag */
+        rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&books);
+    return rc;
+}
+
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    called(__func__);
+    pthread_mutex_lock(&books);
+    struct pool *p = pool_of(pool);
+    CUresult rc = p && value ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) {
+        switch (attr) {
+        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+            *(cuuint64_t *)value = p->threshold;
+            break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+            *(cuuint64_t *)value = p->reserved;
+            break;
+        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+            *(cuuint64_t *)value = p->used;
+            break;
+        default:
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    pthread_mutex_unlock(&books);
+    return rc;
+}
+
+EXPORT CUresult cuCtxSynchronize(void) {
+    called(__func__);
+    int device;
+    CUresult rc = in_context(&device);
+    if (rc == CUDA_SUCCESS)
+        synchronize();
+    return rc;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream stream) {
+    called(__func__);
+    (void)stream;
+    synchronize();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) {
+    called(__func__);
+    (void)stream;
+    synchronize();
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuArrayDestroy(CUarray array) {
     called(__func__);
@@ -695,6 +1077,19 @@ static const struct proc {
     P(cuMemFree, 2000, 0, cuMemFree) P(cuMemFree, 3020, 0, cuMemFree_v2)
     P(cuMemFreeAsync, 11020, 0, cuMemFreeAsync) P(cuMemFreeAsync, 11020, 1, cuMemFreeAsync_ptsz)
     P(cuMemRelease, 10020, 0, cuMemRelease) P(cuArrayDestroy, 2000, 0, cuArrayDestroy)
+    P(cuMemAddressReserve, 10020, 0, cuMemAddressReserve)
+    P(cuMemAddressFree, 10020, 0, cuMemAddressFree) P(cuMemMap, 10020, 0, cuMemMap)
+    P(cuMemUnmap, 10020, 0, cuMemUnmap)
+    P(cuMemRetainAllocationHandle, 11000, 0, cuMemRetainAllocationHandle)
+    P(cuDeviceGetMemPool, 11020, 0, cuDeviceGetMemPool)
+    P(cuDeviceSetMemPool, 11020, 0, cuDeviceSetMemPool)
+    P(cuMemPoolCreate, 11020, 0, cuMemPoolCreate) P(cuMemPoolDestroy, 11020, 0, cuMemPoolDestroy)
+    P(cuMemPoolTrimTo, 11020, 0, cuMemPoolTrimTo)
+    P(cuMemPoolSetAttribute, 11020, 0, cuMemPoolSetAttribute)
+    P(cuMemPoolGetAttribute, 11020, 0, cuMemPoolGetAttribute)
+    P(cuCtxSynchronize, 2000, 0, cuCtxSynchronize)
+    P(cuStreamSynchronize, 2000, 0, cuStreamSynchronize)
+    P(cuStreamSynchronize, 7000, 1, cuStreamSynchronize_ptsz)
     P(cuMipmappedArrayDestroy, 5000, 0, cuMipmappedArrayDestroy)
     P(cuMemGetInfo, 2000, 0, cuMemGetInfo) P(cuMemGetInfo, 3020, 0, cuMemGetInfo_v2)
     P(cuLaunchKernel, 4000, 0, cuLaunchKernel) P(cuLaunchKernel, 7000, 1, cuLaunchKernel_ptsz)

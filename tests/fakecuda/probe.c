@@ -8,7 +8,8 @@
  * then running the commands that follow, one output line each, "word key=value ...":
  *   init DEVICE              cuInit, retain DEVICE's primary context, make it current
  *   alloc KIND BYTES         allocate by KIND (see kinds[]), remember it as id=N
- *   free N                   free allocation N with its kind's free
+ *   free N                   free allocation N with its kind's free (an async free, then
+ *                            a synchronize of its stream, which empties a default pool)
  *   info | info_v1 | info_null   cuMemGetInfo_v2, cuMemGetInfo, cuMemGetInfo_v2(NULL, NULL)
  *   launch KIND MICROS       a kernel of MICROS microseconds by KIND (see launches[])
  *   reached DEVICE           the fake's bytes allocated on DEVICE
@@ -244,8 +245,13 @@ static CUresult release(const struct kind *k, uint64_t key) {
         return ((cuMemFree_fn)f)((CUdeviceptr_v1)key);
     if (strcmp(k->free_name, "cuMemFree_v2") == 0)
         return ((cuMemFree_v2_fn)f)(key);
-    if (strncmp(k->free_name, "cuMemFreeAsync", 14) == 0)
-        return ((cuMemFreeAsync_fn)f)(key, NULL);
+    if (strncmp(k->free_name, "cuMemFreeAsync", 14) == 0) {
+        /* And waits for it: the pool gives the bytes back at the synchronize. */
+        CUresult rc = ((cuMemFreeAsync_fn)f)(key, NULL);
+        void *sync = find(k->per_thread ? "cuStreamSynchronize_ptsz" : "cuStreamSynchronize",
+                          "cuStreamSynchronize", 12000, k->per_thread);
+        return rc == CUDA_SUCCESS && sync ? ((CUresult(*)(CUstream))sync)(NULL) : rc;
+    }
     if (strcmp(k->free_name, "cuMemRelease") == 0)
         return ((cuMemRelease_fn)f)(key);
     if (strcmp(k->free_name, "cuArrayDestroy") == 0)

@@ -24,6 +24,8 @@ FLAGS = [
     "--cgroup-root",
     "--metrics-port",
     "--memory-action",
+    "--backstop-slack-per-process-mib",
+    "--backstop-slack-max-mib",
     "--log-level",
 ]
 
@@ -35,7 +37,7 @@ def test_help_explains_every_flag_of_the_contract(capsys):
     out = capsys.readouterr().out
     for flag in FLAGS:
         assert flag in out
-    for default in ["/run/gpushare/cgpu", "/proc", "/sys/fs/cgroup", "9402", "kill"]:
+    for default in ["/run/gpushare/cgpu", "/proc", "/sys/fs/cgroup", "9402", "kill", "512", "2048"]:
         assert default in out
     for env in ["NODE_NAME", "GPUSHARE_BACKEND", "GPUSHARE_MOCK_GPUS", "GPUSHARE_CONTROL_DIR"]:
         assert env in out
@@ -81,6 +83,8 @@ def test_without_nvml_the_agent_says_how_to_run(tmp_path, caplog):
         ("--default-policy", "7", "policy must be one of"),
         ("--slice-ms", "0", "--slice-ms must be at least 1"),
         ("--memory-action", "ignore", "invalid choice"),
+        ("--backstop-slack-per-process-mib", "-1", "must be at least 0"),
+        ("--backstop-slack-max-mib", "-5", "must be at least 0"),
     ],
 )
 def test_bad_settings_are_refused_at_start(capsys, flag, value, reason):
@@ -147,6 +151,7 @@ def test_the_agent_runs_on_mock_gpus_with_pods_found_in_proc(tmp_path):
     [summary] = [line for line in err.splitlines() if "node=kind-worker" in line]
     assert "backend=mock gpus=0:16GiB,1:16GiB" in summary
     assert f"control-dir={control}" in summary and "memory-action=kill" in summary
+    assert "backstop-slack=512MiB/process,2048MiB-max" in summary
     assert "SIGTERM" in err
 
 

@@ -6,6 +6,7 @@ with SIGSTOP/SIGCONT."""
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pynvml
 import pytest
 
 from gpushare import environment
+from gpushare import grant as grants
 from gpushare.inventory import MemoryRounding
 from gpushare.isolation import smi
 from gpushare.isolation.agent import AgentConfig, IsolationAgent
@@ -276,3 +278,76 @@ def test_an_agent_started_on_its_own_finds_the_fake_through_its_environment(spaw
     assert agent.returncode == 0, log
     assert "backend=nvml gpus=0:15GiB gpu-memory-rounding=up" in log
     assert f"killed pid {leaky.pid}" in log
+
+
+def _granted_child(tmp_path: Path, grant_file: Path, env: dict[str, str]) -> subprocess.Popen:
+    """`sleep` in a mount namespace of its own where the grant is mounted at
+    /etc/gpushare/grant, as the kubelet mounts it into a container: its mountinfo says
+    which grant it has, and nothing it sets in its environment changes that."""
+    etc = tmp_path / f"etc-{len(list(tmp_path.glob('etc-*')))}"
+    (etc / "gpushare").mkdir(parents=True)
+    (etc / "gpushare" / "grant").touch()
+    target = environment.GRANT_IN_CONTAINER
+    script = f"mount --bind {etc} /etc && mount --bind -o ro {grant_file} {target} && exec sleep 60"
+    return subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script], env=env
+    )
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and unshare(1) to mount a grant in a mount namespace of the child's own",
+)
+@pytest.mark.parametrize(
+    "own_env",
+    [
+        {},  # started with an empty environment: no contract variables at all
+        {environment.MEM_CONTAINER: "1000", environment.MEM_IDX: "0", environment.POD: "x/y"},
+    ],
+    ids=["no-environment", "its-own-cap"],
+)
+def test_a_process_is_held_to_its_grant_whatever_its_environment_says(driver, tmp_path, own_env):
+    directory = tmp_path / "interposer"
+    limits = environment.ContainerLimits(
+        pod="ml/granted",
+        container="main",
+        gpu_uuids=("GPU-iso-0",),
+        gpu_indices=(0,),
+        mem_gib=(1,),
+        dev_mem_gib=(15,),
+        core_percent=(0,),
+    )
+    grant = grants.grant_for("c" * 32, "", limits, "/run/gpushare/cuda-region")
+    folder = directory / "grants" / grant.id
+    (folder / "region").mkdir(parents=True)
+    (folder / "grant").write_bytes(grants.encode(grant))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **own_env}
+    child = _granted_child(tmp_path, folder / "grant", env)
+    try:
+        assert eventually(
+            lambda: (
+                f"{grant.id}/grant" in Path(f"/proc/{child.pid}/mountinfo").read_text()
+                and state(child) in "SR"
+            )
+        )
+        driver.world.gpus[0].processes = [FakeProcess(child.pid, 3 * GIB, sm_percent=20)]
+        driver.write()
+        config = AgentConfig(version="t", slice_s=SLICE, interposer_dir=directory)
+        agent = IsolationAgent(
+            backend(tmp_path),
+            ControlTree(tmp_path / "cgpu"),
+            SystemClock(),
+            config,
+            AgentMetrics("n"),
+        )
+        stop = threading.Event()
+        runner = threading.Thread(target=agent.run, args=(stop,))
+        runner.start()
+        try:
+            assert child.wait(timeout=WAIT) == -signal.SIGKILL
+        finally:
+            stop.set()
+            runner.join(WAIT)
+    finally:
+        child.kill()
+        child.wait()

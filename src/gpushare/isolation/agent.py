@@ -7,11 +7,13 @@ allocation seen in one tick is acted on in that same tick:
 1. observe the GPU processes through the backend and group them by container;
 2. update each container's activity and GPU time from the utilisation seen (roster);
 3. apply writes found in the control tree, refused ones are put back (settings);
-4. act on containers over their memory cap: kill the offender, or report (memory) —
-   except those under the CUDA interposer, whose memory is refused at the call;
-5. decide the slice on each GPU; hold the launches of containers under the interposer
-   at each GPU's gate in their region (pacing), and freeze every other container that
-   may not run (slicer: a container on several GPUs runs only when all of them let it);
+4. tell which containers are paced by the CUDA interposer (pacing: a valid region and
+   every GPU process of the container attached to it), then act on containers over
+   their memory cap: kill the offender, or report (memory) — paced ones too, whose
+   memory the library refuses at the call, over their cap plus a slack;
+5. decide the slice on each GPU; hold the launches of paced containers at each GPU's
+   gate in their region (pacing), and freeze every other container that may not run
+   (slicer: a container on several GPUs runs only when all of them let it);
 6. publish the control tree (treeview, then the codec) and the metrics.
 
 The agent only wires these parts together and keeps the loop's timing.
@@ -19,6 +21,7 @@ The agent only wires these parts together and keeps the loop's timing.
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -27,7 +30,14 @@ from gpushare.isolation import slicer
 from gpushare.isolation.backends.port import GpuBackend
 from gpushare.isolation.clock import Clock
 from gpushare.isolation.control import ControlTree
-from gpushare.isolation.memory import MemoryAction, MemoryCapEnforcer
+from gpushare.isolation.grants import GrantBook
+from gpushare.isolation.memory import (
+    SLACK_MOST_BYTES,
+    SLACK_PER_PROCESS_BYTES,
+    BackstopSlack,
+    MemoryAction,
+    MemoryCapEnforcer,
+)
 from gpushare.isolation.metrics import AgentMetrics
 from gpushare.isolation.pacing import RegionPacer
 from gpushare.isolation.policy import DEFAULT_MAX_INST, DEFAULT_PRIO_RATIO, GpuSettings, Policy
@@ -36,6 +46,7 @@ from gpushare.isolation.settings import SettingsStore
 from gpushare.isolation.slicer import NodeSlicer, tenants
 from gpushare.isolation.treecodec import TreeContent
 from gpushare.isolation.treeview import TreeView
+from gpushare.isolation.workload import ObservedContainer
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +70,11 @@ class AgentConfig:
     interposer_dir: Path | None = None
     """The node's interposer directory, whose regions/ hold the containers' regions; None:
     no container runs under the CUDA interposer (pacing.py)."""
+    slack_per_process_bytes: int = SLACK_PER_PROCESS_BYTES
+    """What a paced container may hold over its cap per process on a GPU (CUDA contexts and
+    modules the library does not count) before the memory backstop acts..."""
+    slack_most_bytes: int = SLACK_MOST_BYTES
+    """...and at most, per GPU."""
 
 
 class IsolationAgent:
@@ -81,7 +97,13 @@ class IsolationAgent:
         self.metrics = metrics or AgentMetrics()
         devices = backend.devices()
         gpus = [d.index for d in devices]
-        self._roster = ContainerRoster(gpus, config.forget_after_s, config.util_window_s)
+        book = GrantBook(config.interposer_dir) if config.interposer_dir else None
+        self._roster = ContainerRoster(
+            gpus,
+            config.forget_after_s,
+            config.util_window_s,
+            grants=(lambda grant_id: book.get(grant_id, clock.now())) if book else None,
+        )
         self._settings = SettingsStore(
             gpus,
             tree,
@@ -89,20 +111,24 @@ class IsolationAgent:
             max_inst=config.max_inst,
             prio_ratio=config.prio_ratio,
         )
-        self._memory = MemoryCapEnforcer(config.memory_action, backend.kill)
+        self._memory = MemoryCapEnforcer(
+            config.memory_action,
+            backend.kill,
+            BackstopSlack(config.slack_per_process_bytes, config.slack_most_bytes),
+        )
         self.metrics.configure(gpus, config.slice_s, config.memory_action)
         self._slicer = NodeSlicer(gpus, config.slice_s, clock.now)
         self._pacer = (
             RegionPacer(config.interposer_dir, config.slice_s) if config.interposer_dir else None
         )
-        self._interposed: frozenset[str] = frozenset()
+        self._paced: frozenset[str] = frozenset()
         self._view = TreeView(
             config.version,
             devices,
             self._settings,
             self._roster,
             self._memory,
-            interposed=lambda key: key in self._interposed,
+            interposed=lambda key: key in self._paced,
         )
         self._gpus = gpus
         self._frozen: frozenset[str] = frozenset()
@@ -168,6 +194,8 @@ class IsolationAgent:
             for key in changes.gone:
                 self._settings.leave(key)
                 self._memory.forget(key)
+                if self._pacer is not None:
+                    self._pacer.forget(key)
             since = None if self._last_refresh is None else now - self._last_refresh
             refresh = since is None or since >= REFRESH_S - self.config.slice_s / 2
             if refresh:
@@ -176,25 +204,40 @@ class IsolationAgent:
             for write in self._tree.poll(read_only_too=refresh):
                 if not self._settings.apply(write):
                     self.metrics.refused_writes.labels(self.metrics.node, write.name).inc()
-            interposed = self._pacer.interposed(observed) if self._pacer else frozenset()
-            was_interposed, self._interposed = self._interposed, interposed
-            self._memory.enforce({k: c for k, c in observed.items() if k not in interposed})
+            paced = self._pacer.paced(observed) if self._pacer else frozenset()
+            # The backstop never switches off: a paced container has a slack over its cap.
+            self._memory.enforce(observed, paced)
             held = self._slicer.held(
                 {
                     gpu: (self._settings.settings(gpu), tenants(gpu, self._settings, self._roster))
                     for gpu in self._gpus
                 }
             )
-            if self._pacer is not None:
-                self._pacer.pace(observed, interposed, held)
+            if self._pacer is not None:  # those whose gates could not be written are frozen
+                paced = self._pacer.pace(observed, paced, held)
+            was_paced, self._paced = self._paced, paced
             # Held either way: the roster reads a held container's quiet as no demand.
             frozen = slicer.frozen(held)
-            self._backend.hold(frozen - interposed)
-            self.metrics.held_off(self._frozen, was_interposed, elapsed)
+            self._backend.hold(frozen - paced)
+            self.metrics.held_off(self._frozen, was_paced, elapsed)
             self._frozen = frozen
             content = self.content()
             self._tree.publish(content)
-            self.metrics.publish(content, self._pacer.usage(observed) if self._pacer else {})
+            self._publish_metrics(content, observed)
+
+    def _publish_metrics(
+        self, content: TreeContent, observed: Mapping[str, ObservedContainer]
+    ) -> None:
+        if self._pacer is None:
+            self.metrics.publish(content, backstops=self._memory.backstops)
+            return
+        self.metrics.publish(
+            content,
+            self._pacer.usage(observed),
+            backstops=self._memory.backstops,
+            distrusts=self._pacer.distrusts,
+            distrusted=len(self._pacer.distrusted()),
+        )
 
     def content(self) -> TreeContent:
         """What the control tree shows now."""

@@ -37,7 +37,7 @@ from gpushare.isolation.clock import Clock, SystemClock
 from gpushare.isolation.control import ControlTree
 from gpushare.isolation.interposer.build import BuildFailed, CompilerMissing
 from gpushare.isolation.interposer.install import install
-from gpushare.isolation.memory import MemoryAction
+from gpushare.isolation.memory import MIB, SLACK_MOST_BYTES, SLACK_PER_PROCESS_BYTES, MemoryAction
 from gpushare.isolation.metrics import AgentMetrics
 from gpushare.isolation.policy import (
     DEFAULT_MAX_INST,
@@ -97,6 +97,21 @@ def build_parser() -> argparse.ArgumentParser:
         "the most memory, or report it in the log and metrics only (default %(default)s)",
     )
     parser.add_argument(
+        "--backstop-slack-per-process-mib",
+        type=int,
+        default=SLACK_PER_PROCESS_BYTES // MIB,
+        help="GPU memory a container paced by the CUDA interposer may hold over its cap, per "
+        "process on a GPU, before the memory action applies: the CUDA contexts and modules "
+        "the library does not count (default %(default)s)",
+    )
+    parser.add_argument(
+        "--backstop-slack-max-mib",
+        type=int,
+        default=SLACK_MOST_BYTES // MIB,
+        help="the most that slack comes to on one GPU, whatever its processes "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
         "--slice-ms",
         type=int,
         default=100,
@@ -128,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> AgentConfig:
     if args.slice_ms < 1:
         parser.error(f"--slice-ms must be at least 1; got {args.slice_ms}")
+    for flag, value in (
+        ("--backstop-slack-per-process-mib", args.backstop_slack_per_process_mib),
+        ("--backstop-slack-max-mib", args.backstop_slack_max_mib),
+    ):
+        if value < 0:
+            parser.error(f"{flag} must be at least 0; got {value}")
     try:
         policy = None if args.default_policy == "auto" else parse_policy(args.default_policy)
         max_inst = parse_max_inst(args.max_inst)
@@ -142,6 +163,8 @@ def config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ag
         max_inst=max_inst,
         prio_ratio=prio_ratio,
         interposer_dir=args.interposer_dir,
+        slack_per_process_bytes=args.backstop_slack_per_process_mib * MIB,
+        slack_most_bytes=args.backstop_slack_max_mib * MIB,
     )
 
 
@@ -209,7 +232,9 @@ def summary(args: argparse.Namespace, config: AgentConfig, backend: GpuBackend) 
         f"control-dir={args.control_dir} proc-root={args.proc_root} "
         f"cgroup-root={args.cgroup_root} metrics-port={args.metrics_port or 'off'} "
         f"memory-action={config.memory_action} slice={round(config.slice_s * 1000)}ms "
-        f"default-policy={policy} max-inst={config.max_inst} prio-ratio={config.prio_ratio}"
+        f"default-policy={policy} max-inst={config.max_inst} prio-ratio={config.prio_ratio} "
+        f"backstop-slack={config.slack_per_process_bytes // MIB}MiB/process,"
+        f"{config.slack_most_bytes // MIB}MiB-max"
     )
 
 

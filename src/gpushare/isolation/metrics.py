@@ -5,23 +5,26 @@ time it was held back, and what the CUDA interposer counted in its region (launc
 at the gate, allocations refused at the cap). Per GPU: utilisation, memory, policy and
 whether the agent can see it. A container's series carry `namespace`, `pod` and
 `container` as Kubernetes names them, so they join with kube-state-metrics, and its
-`container_id`. Its series are created at 0 when the agent first publishes it and removed
-when it is forgotten; the node's and each GPU's exist from the start.
+`container_id`. Its series are created at 0 when the agent first publishes it, moved from
+the next publish on (so that increase() sees an event found at the agent's first look at
+it), and removed when it is forgotten; the node's and each GPU's exist from the start.
 """
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpushare.isolation.interposer.region import GpuUsage
+from gpushare.isolation.interposer.region import GpuUsage, Refusal
 from gpushare.isolation.memory import MemoryAction
 from gpushare.isolation.treecodec import FILE_NAMES, ContainerEntry, TreeContent
 from gpushare.telemetry.series import at_zero
 
 CONTAINER_LABELS: Final = ("node", "gpu", "namespace", "pod", "container", "container_id")
 GPU_LABELS: Final = ("node", "gpu")
+REGION_LABELS: Final = ("node", "namespace", "pod", "container", "container_id")
+"""A container's labels for what concerns it whole (its region), not one of its GPUs."""
 
 
 def container_labels(node: str, gpu: int, entry: ContainerEntry) -> tuple[str, ...]:
@@ -37,6 +40,14 @@ class _ContainerSeries:
 
     gauges: tuple[Gauge, ...]
     counters: tuple[Counter, ...]
+    seen: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _RegionSeries:
+    """The labels of one container's region series, and the cumulative counts last seen."""
+
+    labels: tuple[str, ...]
     seen: dict[str, float] = field(default_factory=dict)
 
 
@@ -112,6 +123,27 @@ class AgentMetrics:
             [*per_container, "action"],
             registry=r,
         )
+        self.backstop_actions = Counter(
+            "gpushare_isolation_memory_backstop_actions",
+            "Over-cap actions (kills, or reported episodes) on a container paced by the CUDA "
+            "interposer, over its cap plus slack: its library was bypassed",
+            [*per_container, "action"],
+            registry=r,
+        )
+        self.region_distrusted = Counter(
+            "gpushare_isolation_region_distrusted",
+            "Times a container's region could not be used (not a regular file, wrong size, a "
+            "garbled header, I/O failing), by why; meanwhile it is frozen and capped after "
+            "the fact like a container without the interposer",
+            [*REGION_LABELS, "reason"],
+            registry=r,
+        )
+        self.distrusted_regions = Gauge(
+            "gpushare_isolation_distrusted_regions",
+            "Containers on the node whose region cannot be used now",
+            ["node"],
+            registry=r,
+        )
         self.policy = Gauge(
             "gpushare_isolation_gpu_policy",
             "The cGPU scheduling policy of each GPU (0 fair-share .. 5 native)",
@@ -171,6 +203,7 @@ class AgentMetrics:
         at_zero(self.refused_writes, [node], FILE_NAMES)
         at_zero(self.late_ticks, [node])
         at_zero(self.slice_seconds, [node])
+        at_zero(self.distrusted_regions, [node])
         self._gauges = (
             self.memory_used,
             self.memory_cap,
@@ -186,6 +219,7 @@ class AgentMetrics:
         )
         self._series: dict[tuple[str, int], _ContainerSeries] = {}
         self._labels: dict[tuple[str, int], tuple[str, ...]] = {}
+        self._regions: dict[str, _RegionSeries] = {}
         self._action = MemoryAction.KILL
 
     def configure(self, gpus: Sequence[int], slice_s: float, action: MemoryAction) -> None:
@@ -220,12 +254,23 @@ class AgentMetrics:
                     held.inc(elapsed)
 
     def publish(
-        self, content: TreeContent, interposer: Mapping[tuple[str, int], GpuUsage] | None = None
+        self,
+        content: TreeContent,
+        interposer: Mapping[tuple[str, int], GpuUsage] | None = None,
+        *,
+        backstops: Callable[[str, int], int] = lambda key, gpu: 0,
+        distrusts: Callable[[str], Mapping[Refusal, int]] = lambda key: {},
+        distrusted: int = 0,
     ) -> None:
         """Set the gauges from what the control tree shows and move the counters on by what
-        the interposer's regions count (by container and GPU); gone containers are dropped."""
+        the interposer's regions count (by container and GPU), the backstop's actions on
+        paced containers (by container and GPU) and the times each container's region was
+        distrusted (cumulative counts each); gone containers are dropped. A container's
+        counters first published here move from the next publish on."""
         interposer = interposer or {}
         present: set[tuple[str, int]] = set()
+        containers: set[str] = set()
+        self.distrusted_regions.labels(self.node).set(distrusted)
         for gpu in content.gpus:
             gpu_labels = (self.node, str(gpu.index))
             self.policy.labels(*gpu_labels).set(int(gpu.policy))
@@ -235,24 +280,55 @@ class AgentMetrics:
             for c in gpu.containers:
                 at = (c.id, gpu.index)
                 present.add(at)
-                series = self._series.get(at) or self._add(
-                    at, container_labels(self.node, gpu.index, c)
-                )
+                labels = container_labels(self.node, gpu.index, c)
+                if c.id not in containers:  # once per container, on its first GPU
+                    containers.add(c.id)
+                    self._publish_region(c.id, labels, distrusts(c.id))
+                series = self._series.get(at)
+                if series is None:
+                    series = self._add(at, labels)
+                    new = True
+                else:
+                    new = False
                 used, cap, util, limit, under = series.gauges
                 used.set(c.mem_used)
                 cap.set(c.memsize)
                 util.set(c.util or 0.0)
                 limit.set(100.0 if c.limit is None else c.limit)
                 under.set(1 if c.interposer else 0)
-                self._advance(series, "violations", c.violations, self._violations(at))
+                if new:
+                    continue
+                self._advance(series.seen, "violations", c.violations, self._violations(at))
+                backstop = self.backstop_actions.labels(*labels, self._action)
+                self._advance(series.seen, "backstops", backstops(c.id, gpu.index), backstop)
                 usage = interposer.get(at)
                 if usage is not None:
                     _, held, launches, refused = series.counters
-                    self._advance(series, "held_ns", usage.held_ns, held, scale=1e-9)
-                    self._advance(series, "launches_held", usage.launches_held, launches)
-                    self._advance(series, "refused", usage.allocations_refused, refused)
+                    self._advance(series.seen, "held_ns", usage.held_ns, held, scale=1e-9)
+                    self._advance(series.seen, "launches_held", usage.launches_held, launches)
+                    self._advance(series.seen, "refused", usage.allocations_refused, refused)
         for at in set(self._series) - present:
             self._remove(at)
+        for key in set(self._regions) - containers:
+            labels = self._regions.pop(key).labels
+            for refusal in Refusal:
+                self.region_distrusted.remove(*labels, refusal)
+
+    def _publish_region(
+        self, key: str, labels: tuple[str, ...], counts: Mapping[Refusal, int]
+    ) -> None:
+        """The container's region series: created at 0 when first published, moved on by
+        `counts` from the next publish on."""
+        node, _, *rest = labels
+        region = self._regions.get(key)
+        if region is None:
+            region = self._regions[key] = _RegionSeries((node, *rest))
+            for refusal in Refusal:
+                self.region_distrusted.labels(*region.labels, refusal)
+            return
+        for refusal, count in counts.items():
+            counter = self.region_distrusted.labels(*region.labels, refusal)
+            self._advance(region.seen, refusal, count, counter)
 
     def _add(self, at: tuple[str, int], labels: tuple[str, ...]) -> _ContainerSeries:
         series = _ContainerSeries(
@@ -261,6 +337,7 @@ class AgentMetrics:
         )
         for action in MemoryAction:
             self.violations.labels(*labels, action)
+            self.backstop_actions.labels(*labels, action)
         self._series[at] = series
         self._labels[at] = labels
         return series
@@ -275,15 +352,16 @@ class AgentMetrics:
             metric.remove(*labels)
         for action in MemoryAction:
             self.violations.remove(*labels, action)
+            self.backstop_actions.remove(*labels, action)
 
     @staticmethod
     def _advance(
-        series: _ContainerSeries, name: str, total: float, counter: Counter, scale: float = 1.0
+        seen: dict[str, float], name: str, total: float, counter: Counter, scale: float = 1.0
     ) -> None:
         """Moves `counter` on by what a cumulative count grew since last seen; a count that
         went down started again (a region made anew), so all of it is new."""
-        last = series.seen.get(name, 0.0)
+        last = seen.get(name, 0.0)
         grown = total - last if total >= last else total
         if grown > 0:
             counter.inc(grown * scale)
-        series.seen[name] = total
+        seen[name] = total

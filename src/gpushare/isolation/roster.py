@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from gpushare.isolation.backends.port import GpuProcess
-from gpushare.isolation.workload import ObservedContainer, group_containers
+from gpushare.isolation.workload import GrantLookup, ObservedContainer, group_containers
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,14 @@ class Changes:
 
 
 class ContainerRoster:
-    def __init__(self, gpus: Iterable[int], forget_after_s: float, util_window_s: float) -> None:
+    def __init__(
+        self,
+        gpus: Iterable[int],
+        forget_after_s: float,
+        util_window_s: float,
+        grants: GrantLookup | None = None,
+    ) -> None:
+        self._grants = grants
         self._members: dict[int, dict[str, Usage]] = {index: {} for index in gpus}
         self._known: dict[str, Known] = {}
         self._unreadable: set[str] = set()
@@ -101,7 +108,7 @@ class ContainerRoster:
         """The containers behind the GPU processes; those whose limits cannot be read are
         left alone, and said so once."""
         seen = {key: known.seen for key, known in self._known.items()}
-        observed, unreadable = group_containers(processes, seen)
+        observed, unreadable = group_containers(processes, seen, self._grants)
         for bad in unreadable:
             if bad.key not in self._unreadable:
                 log.warning("container %s left alone: %s", bad.key[:12], bad.reason)

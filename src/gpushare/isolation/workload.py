@@ -1,11 +1,16 @@
 """The containers behind an observation: GPU processes grouped by container, with the
-limits their environment carries (read with `gpushare.environment.limits_from_env`)."""
+limits the node granted them (gpushare.grant, found by the grant ID in their mounts), or
+for containers without a grant the limits their environment carries (read with
+`gpushare.environment.limits_from_env`)."""
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from gpushare.environment import ContainerLimits, limits_from_env
+from gpushare.environment import MEM_CONTAINER, ContainerLimits, limits_from_env
+from gpushare.grant import Grant
 from gpushare.isolation.backends.port import GIB, GpuProcess
+
+GrantLookup = Callable[[str], Grant | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,6 +19,10 @@ class ObservedContainer:
     limits: ContainerLimits
     pod_uid: str
     processes: tuple[GpuProcess, ...]
+    grant_id: str = ""
+    """The grant in its processes' mounts; '' for a container without one."""
+    granted: bool = False
+    """Its limits come from that grant (else from its environment)."""
 
     @property
     def pod(self) -> str:
@@ -65,27 +74,53 @@ class Unreadable:
 def group_containers(
     processes: Iterable[GpuProcess],
     known: Mapping[str, ObservedContainer] | None = None,
+    grants: GrantLookup | None = None,
 ) -> tuple[dict[str, ObservedContainer], list[Unreadable]]:
     """Containers gpushare gave limits to, and those whose limits could not be read.
-    Processes without the contract environment are not ours and are left alone.
-    Limits of a `known` container are reused while its environment is the same object
-    (backends hand out one environment per process for its lifetime)."""
+
+    A container with a grant is held to it: any of its processes, whatever its
+    environment (a child started with another cap, or with none), is the container's.
+    Without one, processes without the contract environment are not ours and are left
+    alone. Limits of a `known` container are reused while its grant is the same, or
+    without one while its environment is the same object (backends hand out one
+    environment per process for its lifetime)."""
     grouped: dict[str, list[GpuProcess]] = {}
     for process in processes:
         grouped.setdefault(process.container_key, []).append(process)
     containers: dict[str, ObservedContainer] = {}
     unreadable: list[Unreadable] = []
     for key, members in grouped.items():
+        grant_id = next((p.grant_id for p in members if p.grant_id), "")
         before = (known or {}).get(key)
-        if before is not None and before.processes[0].environ is members[0].environ:
-            containers[key] = ObservedContainer(key, before.limits, before.pod_uid, tuple(members))
+        if (
+            before is not None
+            and before.grant_id == grant_id
+            and (before.granted or before.processes[0].environ is members[0].environ)
+        ):
+            containers[key] = ObservedContainer(
+                key, before.limits, before.pod_uid, tuple(members), grant_id, before.granted
+            )
+            continue
+        grant = grants(grant_id) if grant_id and grants is not None else None
+        if grant is not None:
+            pod_uid = members[0].pod_uid or grant.pod_uid
+            containers[key] = ObservedContainer(
+                key, grant.limits(), pod_uid, tuple(members), grant_id, granted=True
+            )
             continue
         try:
-            limits = limits_from_env(members[0].environ)
+            # The environment of a process of the contract, should another have none.
+            limits = limits_from_env(_contract_environ(members))
         except ValueError as err:
             unreadable.append(Unreadable(key, str(err)))
             continue
         if limits is None:
             continue
-        containers[key] = ObservedContainer(key, limits, members[0].pod_uid, tuple(members))
+        containers[key] = ObservedContainer(
+            key, limits, members[0].pod_uid, tuple(members), grant_id
+        )
     return containers, unreadable
+
+
+def _contract_environ(members: list[GpuProcess]) -> Mapping[str, str]:
+    return next((p.environ for p in members if MEM_CONTAINER in p.environ), members[0].environ)

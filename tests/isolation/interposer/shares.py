@@ -35,10 +35,16 @@ MAX_INST: Final = {Policy.FAIR_SHARE: 4}
 class MeasuredUse(MockBackend):
     """The mock's processes, with the GPU use NVML would report: each container's kernel
     time since the previous observation, from its region's launch count (a kernel takes
-    KERNEL_US). The soft and preemptive policies decide from it."""
+    KERNEL_US). The soft and preemptive policies decide from it. Each container's mock
+    process goes by the pid of its launcher in `pids`, as a process is named in its region."""
 
-    def __init__(self, node: Node, clock: SystemClock, regions: dict[str, Path]) -> None:
+    def __init__(
+        self, node: Node, clock: SystemClock, regions: dict[str, Path], pids: dict[str, int]
+    ) -> None:
         super().__init__(node.devices, clock, node.containers)
+        for key, launcher in pids.items():
+            for pid in self.pids(key):
+                self.set_ns_pid(pid, launcher)
         self._regions = {key: Region.open(path) for key, path in regions.items()}
         self._seen: dict[str, tuple[float, int]] = {}
 
@@ -127,8 +133,9 @@ def measure(
             assert launcher.stdout is not None
             for expected in ("init", "alloc"):
                 assert launcher.stdout.readline().startswith(expected)
+        pids = {node.container(name).id: launcher.pid for name, launcher in launchers.items()}
         agent = IsolationAgent(
-            MeasuredUse(node, clock, regions), ControlTree(directory / "cgpu"), clock, config
+            MeasuredUse(node, clock, regions, pids), ControlTree(directory / "cgpu"), clock, config
         )
         stop = threading.Event()
         running = threading.Thread(target=agent.run, args=(stop,), daemon=True)

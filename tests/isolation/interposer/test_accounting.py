@@ -138,23 +138,29 @@ def test_a_killed_holders_memory_is_reclaimed_by_the_next_allocation_that_needs_
     assert time.monotonic() - killed_at < 2.0
 
 
-def test_the_agent_reaps_a_killed_process_and_sees_its_bytes_return(container: Container) -> None:
+def test_the_agent_counts_a_killed_process_out_without_touching_the_region(
+    container: Container,
+) -> None:
     pid = kill_holder(container, 768 * MIB)
+    assert container.region is not None
+    before = container.region.read_bytes()
 
     with Region.open(container.region) as region:
-        assert region.gpus()[0].used_bytes == 768 * MIB
-        assert region.reap() == [pid]
-        assert region.gpus()[0].used_bytes == 0
+        assert region.dead() == [pid]
+        assert region.gpus()[0].used_bytes == 0  # what live processes hold
         assert region.processes() == []
+        assert region.attached == 1  # the library's count, until it reaps
+    assert container.region.read_bytes() == before
 
 
-def test_a_live_process_is_never_reaped(container: Container) -> None:
+def test_a_live_process_is_never_counted_dead(container: Container) -> None:
     holder = container.start_python(HOLDER, str(256 * MIB))
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         with Region.open(container.region) as region:
-            assert region.reap() == []
+            assert region.dead() == []
             assert [p.used_bytes for p in region.processes()] == [(256 * MIB,)]
+            assert [p.pid for p in region.processes()] == [holder.pid]
     finally:
         holder.kill()
         holder.wait()
@@ -225,11 +231,11 @@ def test_concurrent_first_processes_agree_on_one_region(container: Container) ->
     assert all(s.returncode == 0 for s in starters)
 
 
-def test_an_unreadable_region_passes_through_and_says_so(container: Container) -> None:
+def test_an_unreadable_region_refuses_every_allocation_and_says_so(container: Container) -> None:
     assert container.region is not None
     container.region.write_bytes(b"not a region")
     result = container.run_probe("link", "init", "0", "alloc", "mem", str(2 * GIB))
 
-    assert "alloc kind=mem rc=0" in result.stdout
-    assert "not capping" in result.stderr
+    assert "alloc kind=mem rc=2" in result.stdout  # fails closed: never uncapped
+    assert "refusing every allocation" in result.stderr
     assert subprocess.run(["true"]).returncode == 0

@@ -101,8 +101,7 @@ def test_pytorch_gets_out_of_memory_at_its_cap_and_sees_the_cap(
     assert CAP_GIB * GIB - GIB <= seen["held"] <= CAP_GIB * GIB
     assert seen["free_after"] < 512 << 20
     with Region.open(tmp_path / "region") as region:
-        region.reap()
-        assert region.gpus()[0].used_bytes == 0  # the process ended: all of it came back
+        assert region.gpus()[0].used_bytes == 0  # the process ended: no live slot holds any
 
 
 WORK = r"""

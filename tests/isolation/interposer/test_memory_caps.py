@@ -128,12 +128,18 @@ def test_without_uuids_the_caps_follow_device_ordinals(container: Container) -> 
     assert [a["rc"] for a in results(lines, "alloc")] == [OUT_OF_MEMORY, "0"]
 
 
-def test_a_gpu_the_container_does_not_list_is_not_capped(container: Container) -> None:
+def test_a_gpu_the_container_does_not_list_is_refused(container: Container) -> None:
     container.devices = ((uuid(1), 4 * GIB), (uuid(2), 4 * GIB))
     container.visible = uuid(1)
-    lines = container.probe("link", "init", "1", "alloc", "mem", str(3 * GIB))
+    result = container.run_probe(
+        "link", "init", "1", "alloc", "mem", str(MIB), "alloc", "mem", str(MIB),
+        "calls", "cuMemAlloc_v2",
+    )  # fmt: skip
 
-    assert results(lines, "alloc")[0]["rc"] == "0"
+    assert "alloc kind=mem rc=2" in result.stdout
+    assert "calls function=cuMemAlloc_v2 count=0" in result.stdout  # never reached
+    said = [line for line in result.stderr.splitlines() if "not among" in line]
+    assert len(said) == 1 and uuid(2) in said[0]  # once per device
 
 
 @pytest.mark.parametrize("kind", ["mem_v1", "mem"])

@@ -112,6 +112,8 @@ class _Process:
     container: MockContainer
     gpu_index: int
     mem_override: int | None = None
+    ns_pid: int | None = None
+    """What it is called in its container's pid namespace; None: its pid."""
     alive: bool = True
     sm_percent: float = 0.0
     used_s: float = 0.0
@@ -172,6 +174,22 @@ class MockBackend:
             self._state.processes.append(_Process(self._state.next_pid, container, index))
             self._state.next_pid += 1
 
+    def start(self, container_id: str, gpu_index: int, mem_bytes: int = 0) -> int:
+        """One more process of a running container on one of its GPUs (a second program
+        in it); its pid."""
+        [first, *_] = [p for p in self._state.processes if p.container.id == container_id]
+        pid = self._state.next_pid
+        self._state.processes.append(_Process(pid, first.container, gpu_index, mem_bytes))
+        self._state.next_pid += 1
+        return pid
+
+    def set_ns_pid(self, pid: int, ns_pid: int) -> None:
+        """Name a process in its container's pid namespace (a test pairs it with a real
+        process that attached to the container's region)."""
+        for p in self._state.processes:
+            if p.pid == pid:
+                p.ns_pid = ns_pid
+
     def remove(self, container_id: str) -> None:
         self._state.processes = [p for p in self._state.processes if p.container.id != container_id]
 
@@ -214,6 +232,7 @@ class MockBackend:
                 container_id=p.container.id,
                 pod_uid=p.container.pod_uid,
                 environ=p.container.environ,
+                ns_pid=p.pid if p.ns_pid is None else p.ns_pid,
             )
             for p in self._state.processes
             if p.alive

@@ -127,7 +127,7 @@ class NvmlBackend:
                     unseen += 1
                     continue
                 found.append(process)
-                if environment.MEM_CONTAINER not in process.environ:
+                if environment.MEM_CONTAINER not in process.environ and not process.grant_id:
                     continue  # not started by gpushare: never frozen, so never thawed either
                 member = members.setdefault(
                     process.container_key, _Member(self.processes.cgroup(process.pid))
@@ -189,6 +189,8 @@ class NvmlBackend:
             container_id=ref.container_id if ref else "",
             pod_uid=ref.pod_uid if ref else "",
             environ=environ,
+            ns_pid=self.processes.ns_pid(pid),
+            grant_id=self.processes.grant(pid),
         )
 
     def _utilisation(self, index: int, handle: object) -> dict[int, float] | None:

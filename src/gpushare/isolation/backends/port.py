@@ -47,10 +47,16 @@ class GpuProcess:
     """The runtime's container ID from /proc/<pid>/cgroup; empty outside a container."""
     pod_uid: str = ""
     environ: Mapping[str, str] = field(default_factory=dict)
+    ns_pid: int | None = None
+    """Its pid in its own (innermost) pid namespace, the one its container's region
+    names it by (`NSpid:` of /proc/<pid>/status); None when unknown."""
+    grant_id: str = ""
+    """The grant its container was given (gpushare.grant), from its mounts, which the
+    container cannot change; empty when it has none."""
 
     @property
     def container_key(self) -> str:
-        return container_key(self.container_id, self.environ, self.pid)
+        return container_key(self.container_id, self.environ, self.pid, self.grant_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +85,16 @@ class GpuBackend(Protocol):
         ...
 
 
-def container_key(container_id: str, environ: Mapping[str, str], pid: int) -> str:
-    """What the agent calls a container: the runtime's ID, or for processes started
-    outside a container with the contract environment (a test on a bare node), one
-    name per pod/container pair of their environment, else the process itself."""
+def container_key(
+    container_id: str, environ: Mapping[str, str], pid: int, grant_id: str = ""
+) -> str:
+    """What the agent calls a container: the runtime's ID, or for processes outside a
+    container (a test on a bare node) the grant they were given, else one name per
+    pod/container pair of their environment, else the process itself."""
     if container_id:
         return container_id
+    if grant_id:
+        return f"grant-{grant_id}"
     pod = environ.get(environment.POD, "")
     name = environ.get(environment.CONTAINER, "")
     if pod or name:

@@ -76,6 +76,30 @@ def parse_cgroup(text: str) -> CgroupRef | None:
     return None
 
 
+_GRANT_ROOT: Final = re.compile(r"/grants/(?P<id>[0-9a-f]{32})/grant$")
+
+
+def parse_grant_mount(text: str) -> str:
+    """The grant ID of a process from the text of /proc/<pid>/mountinfo: the mount at
+    environment.GRANT_IN_CONTAINER whose source is `.../grants/<id>/grant`; '' when it
+    has none. Its mounts are the node's doing (an unprivileged container cannot mount),
+    unlike its environment."""
+    for line in text.splitlines():
+        # ID parent major:minor root mount-point options ... - type source super-options
+        fields = line.split(" ", 5)
+        if len(fields) < 5 or _unescape(fields[4]) != environment.GRANT_IN_CONTAINER:
+            continue
+        found = _GRANT_ROOT.search(_unescape(fields[3]))
+        if found is not None:
+            return found.group("id")
+    return ""
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash in paths as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
 def parse_environ(data: bytes) -> dict[str, str]:
     """The NUL-separated text of /proc/<pid>/environ as a mapping."""
     env: dict[str, str] = {}
@@ -84,6 +108,17 @@ def parse_environ(data: bytes) -> dict[str, str]:
         if sep and name:
             env[name.decode(errors="replace")] = value.decode(errors="replace")
     return env
+
+
+def parse_ns_pid(text: str) -> int | None:
+    """A process's pid in its own, innermost pid namespace, from the text of
+    /proc/<pid>/status: the last number of its `NSpid:` line (None before Linux 4.1)."""
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name == "NSpid":
+            fields = value.split()
+            return int(fields[-1]) if fields and fields[-1].isdigit() else None
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +137,8 @@ class ProcessTable:
     def __init__(self, proc_root: Path) -> None:
         self.root = proc_root
         self._environ: dict[int, dict[str, str]] = {}
+        self._grants: dict[int, str] = {}
+        self._ns_pids: dict[int, int | None] = {}
 
     def cgroup(self, pid: int) -> CgroupRef | None:
         text = self._read(pid, "cgroup")
@@ -116,8 +153,30 @@ class ProcessTable:
             self._environ[pid] = parse_environ(data)
         return self._environ[pid]
 
+    def grant(self, pid: int) -> str:
+        """The ID of the grant its container was given; '' when none (or it is gone). A
+        process's mounts do not change under it: read once per PID."""
+        if pid not in self._grants:
+            text = self._read(pid, "mountinfo")
+            if text is None:
+                return ""
+            self._grants[pid] = parse_grant_mount(text.decode(errors="replace"))
+        return self._grants[pid]
+
+    def ns_pid(self, pid: int) -> int | None:
+        """Its pid in its own pid namespace; None when unknown (or it is gone). Fixed for
+        the process's life: read once per PID."""
+        if pid not in self._ns_pids:
+            text = self._read(pid, "status")
+            if text is None:
+                return None
+            self._ns_pids[pid] = parse_ns_pid(text.decode(errors="replace"))
+        return self._ns_pids[pid]
+
     def forget(self, keep: set[int]) -> None:
         self._environ = {pid: env for pid, env in self._environ.items() if pid in keep}
+        self._grants = {pid: grant for pid, grant in self._grants.items() if pid in keep}
+        self._ns_pids = {pid: ns for pid, ns in self._ns_pids.items() if pid in keep}
 
     def pids(self) -> list[int]:
         try:

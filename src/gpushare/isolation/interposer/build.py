@@ -4,6 +4,10 @@
 
 The system C compiler (cc, gcc or clang) builds it, else the ziglang wheel's; the build
 is skipped when the library there was built from the same sources (a SHA-256 stamp).
+
+Tests build a second variant that reads its grant from a path of theirs
+(`build_library(directory, grant_path=...)`); it gets a file name of its own, so the two
+never overwrite each other. The production library reads /etc/gpushare/grant.
 """
 
 import hashlib
@@ -19,6 +23,7 @@ SOURCE_DIRECTORY: Final = Path(__file__).parent
 LIBRARY_NAME: Final = "libgpushare-cuda.so"
 SOURCES: Final = (
     "init.c",
+    "grant.c",
     "region.c",
     "memory.c",
     "launch.c",
@@ -26,7 +31,7 @@ SOURCES: Final = (
     "nvml.c",
     "dlsym_entry.S",
 )
-HEADERS: Final = ("cuda_abi.h", "hooks.h", "hooks.def", "region.h")
+HEADERS: Final = ("cuda_abi.h", "grant.h", "hooks.h", "hooks.def", "region.h")
 FLAGS: Final = (
     "-O2",
     "-fPIC",
@@ -61,28 +66,50 @@ def compiler() -> list[str]:
     )
 
 
-def source_digest() -> str:
-    """SHA-256 over every source and header, in a fixed order."""
+def source_digest(grant_path: str | None = None) -> str:
+    """SHA-256 over every source and header, in a fixed order, and the grant path the
+    variant is built with."""
     digest = hashlib.sha256()
     for name in (*SOURCES, *HEADERS):
         digest.update(name.encode())
         digest.update((SOURCE_DIRECTORY / name).read_bytes())
+    if grant_path is not None:
+        digest.update(b"GS_GRANT_PATH=" + grant_path.encode())
     return digest.hexdigest()
 
 
-def build_library(directory: Path) -> Path:
+def grant_define(grant_path: str) -> str:
+    """The -D flag that makes the library read its grant at `grant_path` (an absolute
+    path, quoted as a C string, so nothing in it may need escaping)."""
+    plain = grant_path.isprintable() and not any(c in grant_path for c in '"\\')
+    if not grant_path.startswith("/") or not plain:
+        raise ValueError(f"grant path {grant_path!r} is not a plain absolute path")
+    return f'-DGS_GRANT_PATH="{grant_path}"'
+
+
+def library_name(grant_path: str | None = None) -> str:
+    """libgpushare-cuda.so, or for a test variant a name that says which grant it reads."""
+    if grant_path is None:
+        return LIBRARY_NAME
+    tag = hashlib.sha256(grant_path.encode()).hexdigest()[:12]
+    return f"libgpushare-cuda.grant-{tag}.so"
+
+
+def build_library(directory: Path, *, grant_path: str | None = None) -> Path:
     """Builds the library into `directory` (unless it is there from the same sources)
-    and returns its path."""
+    and returns its path. `grant_path`: tests only, where the variant reads its grant."""
     directory.mkdir(parents=True, exist_ok=True)
-    library = directory / LIBRARY_NAME
-    stamp = directory / f"{LIBRARY_NAME}.source-sha256"
-    digest = source_digest()
+    name = library_name(grant_path)
+    library = directory / name
+    stamp = directory / f"{name}.source-sha256"
+    digest = source_digest(grant_path)
     if library.exists() and stamp.exists() and stamp.read_text() == digest:
         return library
-    partial = directory / f".{LIBRARY_NAME}.{os.getpid()}"
+    partial = directory / f".{name}.{os.getpid()}"
     command = [
         *compiler(),
         *FLAGS,
+        *([grant_define(grant_path)] if grant_path is not None else []),
         "-o",
         str(partial),
         *(str(SOURCE_DIRECTORY / name) for name in SOURCES),
@@ -90,7 +117,7 @@ def build_library(directory: Path) -> Path:
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     if result.returncode != 0:
-        raise BuildFailed(f"building {LIBRARY_NAME} failed:\n{result.stderr}")
+        raise BuildFailed(f"building {name} failed:\n{result.stderr}")
     partial.replace(library)
     stamp.write_text(digest)
     return library

@@ -67,6 +67,25 @@ typedef struct {
     } allocFlags;
 } CUmemAllocationProp;
 
+/* Memory pools (CUmemPool_attribute; the values are cuuint64_t but for the reuse flags). */
+typedef int CUmemPool_attribute;
+enum {
+    CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
+    CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
+    CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6,
+    CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
+    CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8,
+};
+
+typedef struct {
+    int allocType;   /* CUmemAllocationType */
+    int handleTypes; /* CUmemAllocationHandleType */
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned char reserved[56];
+} CUmemPoolProps;
+
 typedef int CUarray_format;
 enum {
     CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,

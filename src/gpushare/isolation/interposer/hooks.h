@@ -45,8 +45,14 @@ extern const int gs_symbol_count;
 struct gs_state {
     int active;    /* a region is mapped: caps and gates apply */
     int log_level; /* GPUSHARE_CUDA_LOG: 0 silent .. 3 every decision */
+    /* Not NULL: why this process cannot enforce the node's caps (a bad grant, cap or
+     * region, no free slot). It fails closed: every allocation is refused. */
+    const char *refusing;
 };
 extern struct gs_state gs;
+
+/* Fails closed for the rest of the process, logging why once (level 1). */
+void gs_refuse(const char *format, ...) __attribute__((format(printf, 1, 2)));
 
 /* Every hook starts here: reads the environment and resolves the real driver on the
  * first call, reattaches a forked child; afterwards one load and a branch. */
@@ -56,7 +62,7 @@ void gs_enter_nvml(void);
 void gs_log(int level, const char *format, ...) __attribute__((format(printf, 2, 3)));
 
 /* The region GPU index of a CUDA device / NVML handle, or -1: not one of the container's
- * (nothing to enforce on it). */
+ * (allocations on it are refused) or nothing is enforced. */
 int gs_gpu_of_device(CUdevice device);
 int gs_gpu_of_nvml(nvmlDevice_t device);
 
@@ -72,5 +78,10 @@ uint64_t gs_now_ns(void);
 
 /* In a forked child: forget the parent's allocations (they are not the child's). */
 void gs_memory_forked(void);
+
+/* Launch counts kept in process memory: published to the region now (at exit), and
+ * forgotten in a forked child (the parent publishes its own). */
+void gs_launches_flush(void);
+void gs_launches_forked(void);
 
 #endif

@@ -1,10 +1,13 @@
 /*
- * Lazy initialisation, configuration from the environment, logging and the map from a
- * CUDA device or NVML handle to the container's GPU entry.
+ * Lazy initialisation, configuration (the node's grant, else the environment), logging
+ * and the map from a CUDA device or NVML handle to the container's GPU entry.
  *
  * The library is preloaded into every process of a container (bash included), so
- * nothing runs at load time: the environment is read and the real drivers resolved on
+ * nothing runs at load time: the configuration is read and the real drivers resolved on
  * the first hooked call, once (pthread_once), and never again on the hot path.
+ *
+ * It fails closed: a grant, cap or region it cannot trust, or no free slot, refuses
+ * every allocation of the process (gs.refusing) rather than let it through uncapped.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -17,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "grant.h"
 #include "hooks.h"
 #include "region.h"
 
@@ -35,10 +39,12 @@ const struct gs_symbol gs_symbols[] = {
 };
 const int gs_symbol_count = sizeof gs_symbols / sizeof gs_symbols[0];
 
-struct gs_state gs = {0, 1};
+struct gs_state gs = {0, 1, NULL};
+/* The container's GPUs and caps: the grant's, or the environment's until the region is
+ * open, then the region's. The device map reads only this copy, never the region. */
 static struct gs_config config;
-static int ordinal_mapping; /* NVIDIA_VISIBLE_DEVICES gave no UUIDs: device i is entry i */
 static int forked; /* set in a forked child until its first hooked call */
+static char refusal[400];
 
 uint64_t gs_now_ns(void) {
     struct timespec t; /* vDSO: no system call */
@@ -57,50 +63,90 @@ void gs_log(int level, const char *format, ...) {
     fprintf(stderr, "gpushare-cuda[%d]: %s\n", (int)getpid(), line);
 }
 
-/* "3" or "3,4": GiB per visible GPU; one value caps every GPU. */
-static unsigned parse_caps(const char *text, uint64_t caps[GS_MAX_GPUS]) {
-    unsigned n = 0;
-    while (text && *text && n < GS_MAX_GPUS) {
-        char *end;
-        unsigned long long gib = strtoull(text, &end, 10);
-        if (end == text)
-            break;
-        caps[n++] = (uint64_t)gib << 30;
-        text = *end == ',' ? end + 1 : end;
-    }
+void gs_refuse(const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    vsnprintf(refusal, sizeof refusal, format, args);
+    va_end(args);
+    gs.active = 0;
+    gs.refusing = refusal;
+    gs_log(1, "refusing every allocation: %s", refusal);
+}
+
+/* "3" or "3,4": whole GiB per visible GPU, 1 .. 2^20 (GS_MAX_CAP_BYTES); one value caps
+ * every GPU. The count, or -1 if any value is not one. */
+static int parse_caps(const char *text, uint64_t caps[GS_MAX_GPUS]) {
+    int n = text ? gs_parse_numbers(text, strlen(text), 1, GS_MAX_CAP_BYTES >> 30, caps) : -1;
+    for (int i = 0; i < n; i++)
+        caps[i] <<= 30;
     return n;
 }
 
 /* The UUIDs of NVIDIA_VISIBLE_DEVICES; 0 when it is absent, "all", "none" or indices. */
 static unsigned parse_uuids(const char *text, char uuids[GS_MAX_GPUS][GS_UUID_BYTES]) {
-    unsigned n = 0;
-    while (text && *text && n < GS_MAX_GPUS) {
-        size_t length = strcspn(text, ",");
-        if (strncmp(text, "GPU-", 4) != 0 && strncmp(text, "MIG-", 4) != 0)
-            return 0;
-        if (length < GS_UUID_BYTES) {
-            memcpy(uuids[n], text, length);
-            uuids[n][length] = '\0';
-            n++;
-        }
-        text += length + (text[length] == ',');
-    }
-    return n;
+    int n = text && *text ? gs_parse_uuids(text, strlen(text), uuids) : -1;
+    return n > 0 ? (unsigned)n : 0;
 }
 
-static void read_config(void) {
-    const char *level = getenv("GPUSHARE_CUDA_LOG");
-    if (level && *level)
-        gs.log_level = atoi(level);
-    uint64_t caps[GS_MAX_GPUS] = {0};
-    unsigned cap_count = parse_caps(getenv("ALIYUN_COM_GPU_MEM_CONTAINER"), caps);
+/* No grant: the caps from the environment, as the device plugin set them; 0 or fails
+ * closed (a missing or bad value must not mean "no cap"). */
+static int read_environment(void) {
+    const char *text = getenv("ALIYUN_COM_GPU_MEM_CONTAINER");
+    uint64_t caps[GS_MAX_GPUS];
+    int cap_count = parse_caps(text, caps);
     unsigned uuid_count = parse_uuids(getenv("NVIDIA_VISIBLE_DEVICES"), config.uuid);
-    ordinal_mapping = uuid_count == 0;
+    if (cap_count < 1) {
+        gs_refuse("ALIYUN_COM_GPU_MEM_CONTAINER=%.40s is not 1 to %d caps of 1..%llu whole GiB",
+                  text ? text : "(unset)", GS_MAX_GPUS, GS_MAX_CAP_BYTES >> 30);
+        return -1;
+    }
+    if (uuid_count && cap_count != 1 && (unsigned)cap_count != uuid_count) {
+        gs_refuse("ALIYUN_COM_GPU_MEM_CONTAINER=%.40s gives %d caps for %u visible GPUs", text,
+                  cap_count, uuid_count);
+        return -1;
+    }
     /* Without UUIDs the count of devices is unknown until the driver says: one cap value
      * then covers every ordinal. */
-    config.gpu_count = uuid_count ? uuid_count : (cap_count == 1 ? GS_MAX_GPUS : cap_count);
+    config.gpu_count = uuid_count                ? uuid_count
+                       : cap_count == 1 ? GS_MAX_GPUS
+                                        : (unsigned)cap_count;
     for (unsigned i = 0; i < config.gpu_count; i++)
-        config.cap_bytes[i] = cap_count == 1 ? caps[0] : (i < cap_count ? caps[i] : 0);
+        config.cap_bytes[i] = caps[cap_count == 1 ? 0 : i];
+    return 0;
+}
+
+/* Without a grant the region's GPUs are the container's: its first process chose them. */
+static void adopt_region_gpus(void) {
+    config.gpu_count = gs_region->gpu_count;
+    for (unsigned i = 0; i < config.gpu_count; i++)
+        memcpy(config.uuid[i], gs_region->gpus[i].uuid, GS_UUID_BYTES);
+}
+
+static int by_uuid(void) { return config.uuid[0][0] != '\0'; }
+
+/* The region's path: the grant's, else GPUSHARE_CUDA_REGION's; NULL when this is not a
+ * gpushare container or the process fails closed. Sets config and *granted. */
+static const char *read_config(int *granted) {
+    static struct gs_grant grant; /* once, under pthread_once */
+    char why[256];
+    switch (gs_grant_read(&grant, why, sizeof why)) {
+    case GS_GRANT_OK:
+        config = grant.config;
+        *granted = 1;
+        return grant.region;
+    case GS_GRANT_BAD:
+        gs_refuse("grant %s: %s", GS_GRANT_PATH, why);
+        return NULL;
+    case GS_GRANT_ABSENT:
+        break;
+    }
+    *granted = 0;
+    const char *path = getenv("GPUSHARE_CUDA_REGION");
+    if (path == NULL || *path == '\0') {
+        gs_log(3, "no grant and GPUSHARE_CUDA_REGION unset: passing every call through");
+        return NULL;
+    }
+    return read_environment() == 0 ? path : NULL;
 }
 
 static void on_fork_child(void) {
@@ -108,23 +154,26 @@ static void on_fork_child(void) {
     if (gs.active) {
         gs_region_forked();
         gs_memory_forked();
+        gs_launches_forked();
     }
 }
 
 static void initialise(void) {
     gs_resolve_dlsym();
-    read_config();
-    const char *path = getenv("GPUSHARE_CUDA_REGION");
-    if (path == NULL || *path == '\0') {
-        gs_log(3, "GPUSHARE_CUDA_REGION unset: passing every call through");
+    const char *level = getenv("GPUSHARE_CUDA_LOG");
+    uint64_t chosen[GS_MAX_GPUS];
+    if (level && gs_parse_numbers(level, strlen(level), 0, 9, chosen) == 1)
+        gs.log_level = (int)chosen[0];
+    int granted;
+    const char *path = read_config(&granted);
+    if (path == NULL || gs_region_open(path, &config, granted) != 0 || gs_region_attach() != 0)
         return;
-    }
-    if (gs_region_open(path, &config) != 0 || gs_region_attach() != 0)
-        return;
+    if (!granted)
+        adopt_region_gpus();
     gs.active = 1;
     pthread_atfork(NULL, NULL, on_fork_child);
-    gs_log(2, "region %s: %u GPUs, %s mapping", path, gs_region->gpu_count,
-           ordinal_mapping ? "ordinal" : "UUID");
+    gs_log(2, "region %s: %u GPUs, %s mapping, caps from the %s", path, config.gpu_count,
+           by_uuid() ? "UUID" : "ordinal", granted ? "grant" : "environment");
 }
 
 static void resolve(enum gs_family family, const char *library) {
@@ -147,11 +196,10 @@ static void resolve_nvml(void) { resolve(GS_NVML, "libnvidia-ml.so.1"); }
 
 static void enter(void) {
     pthread_once(&config_once, initialise);
-    /* One thread of a forked child takes its slot, however many race here. */
-    if (UNLIKELY(forked) && __atomic_exchange_n(&forked, 0, __ATOMIC_ACQ_REL)) {
-        if (gs.active && gs_region_attach() != 0)
-            gs.active = 0;
-    }
+    /* One thread of a forked child takes its slot, however many race here (without one
+     * it fails closed). */
+    if (UNLIKELY(forked) && __atomic_exchange_n(&forked, 0, __ATOMIC_ACQ_REL) && gs.active)
+        gs_region_attach();
 }
 
 void gs_enter_cuda(void) {
@@ -166,34 +214,34 @@ void gs_enter_nvml(void) {
 
 /* Normal exit gives the slot back at once; after a kill the reaper does. */
 __attribute__((destructor)) static void finish(void) {
-    if (gs.active)
+    if (gs.active) {
+        gs_launches_flush();
         gs_region_detach();
+    }
 }
 
 static int uuid_entry(const char *uuid) {
-    for (unsigned i = 0; i < gs_region->gpu_count && i < GS_MAX_GPUS; i++)
-        if (strcasecmp(gs_region->gpus[i].uuid, uuid) == 0)
+    for (unsigned i = 0; i < config.gpu_count; i++)
+        if (strcasecmp(config.uuid[i], uuid) == 0)
             return (int)i;
-    gs_log(1, "GPU %s is not among the container's: not capping it", uuid);
     return -1;
 }
 
 static int ordinal_entry(int ordinal) {
-    return ordinal >= 0 && (unsigned)ordinal < gs_region->gpu_count ? ordinal : -1;
+    return ordinal >= 0 && (unsigned)ordinal < config.gpu_count ? ordinal : -1;
 }
-
-static int by_uuid(void) { return gs_region->gpus[0].uuid[0] != '\0'; }
 
 #define MAX_DEVICES 64
 static int device_entry[MAX_DEVICES]; /* entry + 2; 0: not asked yet */
 
 int gs_gpu_of_device(CUdevice device) {
-    if (device < 0 || device >= MAX_DEVICES)
+    if (!gs.active || device < 0 || device >= MAX_DEVICES)
         return -1;
     int cached = __atomic_load_n(&device_entry[device], __ATOMIC_RELAXED);
     if (cached)
         return cached - 2;
     int entry = ordinal_entry(device);
+    char text[48] = "";
     if (by_uuid()) {
         CUuuid id;
         CUresult rc = real_cuDeviceGetUuid_v2 ? real_cuDeviceGetUuid_v2(&id, device)
@@ -202,14 +250,17 @@ int gs_gpu_of_device(CUdevice device) {
         if (rc != CUDA_SUCCESS)
             return -1; /* not cached: the driver may answer later */
         const unsigned char *b = (const unsigned char *)id.bytes;
-        char text[48];
         snprintf(text, sizeof text,
                  "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
                  b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
                  b[12], b[13], b[14], b[15]);
         entry = uuid_entry(text);
     }
-    __atomic_store_n(&device_entry[device], entry + 2, __ATOMIC_RELAXED);
+    int unasked = 0; /* the thread that caches it says so, once per device */
+    if (__atomic_compare_exchange_n(&device_entry[device], &unasked, entry + 2, 0,
+                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED) && entry < 0)
+        gs_log(1, "device %d%s%s is not among the container's GPUs: refusing allocations on it",
+               device, *text ? " " : "", text);
     return entry;
 }
 

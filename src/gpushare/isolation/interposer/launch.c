@@ -3,6 +3,12 @@
  * a GPU whose gate is closed waits until it opens, or until the time the agent closed it
  * for has passed (an agent that died must not hold a container's launches for ever). The open path is one atomic load
  * after the counters; nothing here makes a system call unless the launch is held.
+ *
+ * The counters the agent reads (launches, the latest launch, the heartbeat) are shared by
+ * every process of the container: written on each launch, their cache line moved between
+ * the processes' cores on each launch (+120-150 ns a launch with two processes launching
+ * together, against +42 ns for one). Each process counts in its own memory and publishes
+ * at most once a PUBLISH_NS, and at exit: the agent reads them once a slice.
  */
 #define _GNU_SOURCE
 #include <time.h>
@@ -11,6 +17,40 @@
 #include "region.h"
 
 #define HOLD_POLL_NS 200000L /* how often a held launch looks at its gate again */
+#define PUBLISH_NS 1000000ull /* how stale the shared counters may be: well under a slice */
+
+/* This process's launches not published yet, per GPU, and when it last published. */
+static struct {
+    uint64_t launches;
+    uint64_t last_ns;
+    uint64_t published_ns;
+} local[GS_MAX_GPUS] __attribute__((aligned(64)));
+
+static void publish(int gpu, uint64_t now) {
+    uint64_t count = __atomic_exchange_n(&local[gpu].launches, 0, __ATOMIC_RELAXED);
+    struct gs_gpu *g = &gs_region->gpus[gpu];
+    if (count)
+        __atomic_fetch_add(&g->launches, count, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->last_launch_ns, __atomic_load_n(&local[gpu].last_ns, __ATOMIC_RELAXED),
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&gs_region->heartbeat_ns, now, __ATOMIC_RELAXED);
+    __atomic_store_n(&local[gpu].published_ns, now, __ATOMIC_RELAXED);
+}
+
+void gs_launches_flush(void) {
+    if (!gs.active || gs_region == NULL)
+        return;
+    uint64_t now = gs_now_ns();
+    for (int gpu = 0; gpu < GS_MAX_GPUS; gpu++)
+        if (__atomic_load_n(&local[gpu].launches, __ATOMIC_RELAXED))
+            publish(gpu, now);
+}
+
+void gs_launches_forked(void) {
+    /* The parent's launches are the parent's to publish. */
+    for (int gpu = 0; gpu < GS_MAX_GPUS; gpu++)
+        local[gpu].launches = 0, local[gpu].published_ns = 0;
+}
 
 /* Closed, and the agent's word on it still stands. */
 static int closed(struct gs_gpu *g, uint64_t now) {
@@ -41,9 +81,10 @@ static void gate(void) {
         return;
     struct gs_gpu *g = &gs_region->gpus[gpu];
     uint64_t now = gs_now_ns();
-    __atomic_fetch_add(&g->launches, 1, __ATOMIC_RELAXED);
-    __atomic_store_n(&g->last_launch_ns, now, __ATOMIC_RELAXED);
-    __atomic_store_n(&gs_region->heartbeat_ns, now, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&local[gpu].launches, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&local[gpu].last_ns, now, __ATOMIC_RELAXED);
+    if (now - __atomic_load_n(&local[gpu].published_ns, __ATOMIC_RELAXED) >= PUBLISH_NS)
+        publish(gpu, now);
     if (UNLIKELY(__atomic_load_n(&g->gate, __ATOMIC_ACQUIRE) == 0) && closed(g, now))
         hold_until_open(g, now);
 }

@@ -12,67 +12,155 @@
 #include "region.h"
 
 /* What this process holds, by (kind, pointer or handle). Process-local: a pointer is
- * freed by the process that allocated it. */
-enum kind { POINTER, HANDLE, ARRAY, MIPMAP };
+ * freed by the process that allocated it. An open-addressing table (linear probing,
+ * backward-shift deletion) that doubles at 3/4 full, so that a free costs the same at a
+ * million live allocations as at ten. */
+enum kind { EMPTY, POINTER, HANDLE, ARRAY, MIPMAP, MAPPING };
 
 struct held {
-    struct held *next;
     uint64_t key;
-    enum kind kind;
-    int gpu;
-    uint64_t bytes;
+    uint64_t bytes;    /* MAPPING: the length mapped */
+    uint64_t link;     /* POINTER: the pool it came from (0: none); MAPPING: its handle */
+    uint32_t handles;  /* HANDLE: unreleased handles of the physical allocation */
+    uint32_t mappings; /* HANDLE: its mappings */
+    uint8_t kind;
+    int8_t gpu;
 };
 
-#define BUCKETS 4096
-static struct held *buckets[BUCKETS];
+static struct held *table;
+static unsigned table_bits;
+static size_t table_count;
 static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static unsigned bucket(enum kind kind, uint64_t key) {
+static size_t home_of(uint8_t kind, uint64_t key) {
     uint64_t h = (key ^ ((uint64_t)kind << 59)) * 0x9e3779b97f4a7c15ull;
-    return (unsigned)(h >> 52) % BUCKETS;
+    return (size_t)(h >> (64 - table_bits));
+}
+
+/* The table's functions need held_lock. */
+static struct held *held_find(enum kind kind, uint64_t key) {
+    if (table == NULL)
+        return NULL;
+    size_t mask = ((size_t)1 << table_bits) - 1;
+    for (size_t i = home_of((uint8_t)kind, key); table[i].kind != EMPTY; i = (i + 1) & mask)
+        if (table[i].key == key && table[i].kind == kind)
+            return &table[i];
+    return NULL;
+}
+
+static void held_place(const struct held *h) {
+    size_t mask = ((size_t)1 << table_bits) - 1, i = home_of(h->kind, h->key);
+    while (table[i].kind != EMPTY)
+        i = (i + 1) & mask;
+    table[i] = *h;
+}
+
+/* 0 kept; -1 no memory to grow into. Pointers into the table are stale afterwards. */
+static int held_insert(const struct held *h) {
+    if (table == NULL || (table_count + 1) * 4 > ((size_t)3 << table_bits)) {
+        struct held *old = table;
+        size_t old_size = old ? (size_t)1 << table_bits : 0;
+        unsigned bits = old ? table_bits + 1 : 12;
+        struct held *grown = calloc((size_t)1 << bits, sizeof *grown);
+        if (grown == NULL)
+            return -1;
+        table = grown, table_bits = bits;
+        for (size_t i = 0; i < old_size; i++)
+            if (old[i].kind != EMPTY)
+                held_place(&old[i]);
+        free(old);
+    }
+    held_place(h);
+    table_count++;
+    return 0;
+}
+
+static void held_erase(struct held *h) {
+    size_t mask = ((size_t)1 << table_bits) - 1, hole = (size_t)(h - table);
+    table[hole].kind = EMPTY;
+    for (size_t j = (hole + 1) & mask; table[j].kind != EMPTY; j = (j + 1) & mask) {
+        size_t home = home_of(table[j].kind, table[j].key);
+        /* It moves into the hole unless its home lies cyclically in (hole, j]. */
+        int stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+        if (!stays) {
+            table[hole] = table[j];
+            table[j].kind = EMPTY;
+            hole = j;
+        }
+    }
+    table_count--;
+}
+
+static void remember_held(const struct held *h) {
+    pthread_mutex_lock(&held_lock);
+    int kept = held_insert(h);
+    pthread_mutex_unlock(&held_lock);
+    if (kept != 0)
+        gs_unreserve(h->gpu, h->bytes); /* cannot track it: better uncounted than never freed */
 }
 
 static void remember(enum kind kind, uint64_t key, int gpu, uint64_t bytes) {
-    struct held *h = malloc(sizeof *h);
-    if (h == NULL) {
-        gs_unreserve(gpu, bytes); /* cannot track it: better uncounted than never freed */
-        return;
-    }
-    *h = (struct held){NULL, key, kind, gpu, bytes};
-    unsigned b = bucket(kind, key);
-    pthread_mutex_lock(&held_lock);
-    h->next = buckets[b];
-    buckets[b] = h;
-    pthread_mutex_unlock(&held_lock);
+    struct held h = {key, bytes, 0, kind == HANDLE, 0, (uint8_t)kind, (int8_t)gpu};
+    remember_held(&h);
 }
 
-/* Removes and returns what (kind, key) held; 0 if it was not ours to count. */
-static int forget(enum kind kind, uint64_t key, struct held *out) {
-    unsigned b = bucket(kind, key);
-    pthread_mutex_lock(&held_lock);
-    for (struct held **p = &buckets[b]; *p; p = &(*p)->next) {
-        if ((*p)->key == key && (*p)->kind == kind) {
-            struct held *h = *p;
-            *p = h->next;
-            pthread_mutex_unlock(&held_lock);
-            *out = *h;
-            free(h);
-            return 1;
+/* Pools: what each has been charged (its live allocations and the memory it keeps after
+ * their frees) and how much of that its live allocations hold. The rest, kept, stays
+ * counted until the driver says the pool gave it back: its reserved size, asked after a
+ * cuMemPoolTrimTo, a synchronize, or an allocation the kept bytes would refuse. */
+#define HOST_POOL (-2) /* a pool of host memory: not capped */
+struct pool_books {
+    uint64_t pool;
+    int gpu; /* the region's GPU, HOST_POOL, or -1: not the container's (refused) */
+    int destroyed;
+    uint64_t counted;
+    uint64_t allocated; /* with what allocations in flight took of the kept bytes */
+};
+static struct pool_books *pools;
+static int pool_count, pool_space;
+static uint64_t kept_total; /* over all pools; read without the lock on the sync path */
+
+static struct pool_books *pool_find(uint64_t pool) {
+    for (int i = 0; i < pool_count; i++)
+        if (pools[i].pool == pool)
+            return &pools[i];
+    return NULL;
+}
+
+static struct pool_books *pool_add(uint64_t pool, int gpu) {
+    struct pool_books *p = pool_find(pool);
+    if (p != NULL && !(p->destroyed && p->allocated == 0))
+        return p;
+    if (p == NULL) {
+        if (pool_count == pool_space) {
+            int space = pool_space ? 2 * pool_space : 16;
+            struct pool_books *grown = realloc(pools, (size_t)space * sizeof *grown);
+            if (grown == NULL)
+                return NULL;
+            pools = grown, pool_space = space;
         }
+        p = &pools[pool_count++];
     }
-    pthread_mutex_unlock(&held_lock);
-    return 0;
+    *p = (struct pool_books){pool, gpu, 0, 0, 0};
+    return p;
+}
+
+static void pool_drop_if_done(struct pool_books *p) {
+    if (p->destroyed && p->allocated == 0)
+        *p = pools[--pool_count];
+}
+
+static void kept_add(int64_t delta) {
+    __atomic_store_n(&kept_total, kept_total + (uint64_t)delta, __ATOMIC_RELAXED);
 }
 
 void gs_memory_forked(void) {
     /* The child holds none of its parent's allocations (contexts do not survive fork). */
-    for (unsigned b = 0; b < BUCKETS; b++) {
-        for (struct held *h = buckets[b], *next; h; h = next) {
-            next = h->next;
-            free(h);
-        }
-        buckets[b] = NULL;
-    }
+    free(table);
+    table = NULL, table_bits = 0, table_count = 0;
+    free(pools);
+    pools = NULL, pool_count = pool_space = 0;
+    kept_total = 0;
     pthread_mutex_init(&held_lock, NULL);
 }
 
@@ -87,14 +175,19 @@ static CUresult context_gpu(int *gpu) {
     return CUDA_SUCCESS;
 }
 
-static int capping(void) { return gs.active; }
+/* A process that fails closed takes the capped paths too, as far as admit(), which
+ * refuses: it has no region (gs_gpu_of_device answers -1). */
+static int capping(void) { return gs.active || gs.refusing != NULL; }
 
-/* Reserve before the driver; CUDA_SUCCESS lets the call go on. */
+/* Reserve before the driver; CUDA_SUCCESS lets the call go on. A process that fails
+ * closed, or a GPU that is not the container's, is refused (init.c said why, once). */
 static CUresult admit(int gpu, uint64_t bytes) {
-    if (gpu < 0 || gs_reserve(gpu, bytes))
+    if (gs.refusing != NULL || gpu < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (gs_reserve(gpu, bytes))
         return CUDA_SUCCESS;
     gs_log(2, "refused %llu bytes on GPU %d: over its cap of %llu (%llu in use)",
-           (unsigned long long)bytes, gpu, (unsigned long long)gs_region->gpus[gpu].cap_bytes,
+           (unsigned long long)bytes, gpu, (unsigned long long)gs_cap(gpu),
            (unsigned long long)gs_region->gpus[gpu].used_bytes);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -110,10 +203,101 @@ static CUresult settle(CUresult rc, enum kind kind, uint64_t key, int gpu, uint6
     return rc;
 }
 
+/* Pool books; these need held_lock. */
+static void pool_unclaim_locked(uint64_t pool, uint64_t taken) {
+    struct pool_books *p = pool_find(pool);
+    if (p != NULL && taken) {
+        p->allocated -= taken;
+        kept_add((int64_t)taken);
+    }
+}
+
+/* A freed pool allocation goes back to its pool, still counted: the pool keeps it. What
+ * is to be given back now: all of it when the pool is destroyed, else nothing. */
+static uint64_t pool_returned_locked(uint64_t pool, uint64_t bytes) {
+    struct pool_books *p = pool_find(pool);
+    if (p == NULL)
+        return bytes;
+    p->allocated -= bytes;
+    if (p->destroyed) {
+        p->counted -= bytes;
+        pool_drop_if_done(p);
+        return bytes;
+    }
+    kept_add((int64_t)bytes);
+    return 0;
+}
+
 static void release(enum kind kind, uint64_t key, CUresult rc) {
-    struct held h;
-    if (rc == CUDA_SUCCESS && capping() && forget(kind, key, &h))
-        gs_unreserve(h.gpu, h.bytes);
+    if (rc != CUDA_SUCCESS || !capping())
+        return;
+    pthread_mutex_lock(&held_lock);
+    struct held *h = held_find(kind, key);
+    int gpu = h ? h->gpu : -1;
+    uint64_t back = h == NULL ? 0 : h->link ? pool_returned_locked(h->link, h->bytes) : h->bytes;
+    if (h != NULL)
+        held_erase(h);
+    pthread_mutex_unlock(&held_lock);
+    if (back)
+        gs_unreserve(gpu, back);
+}
+
+/* What the driver says `pool` holds now; UINT64_MAX when it cannot say. */
+static uint64_t pool_reserved(uint64_t pool) {
+    cuuint64_t value;
+    if (real_cuMemPoolGetAttribute == NULL ||
+        real_cuMemPoolGetAttribute((CUmemoryPool)(uintptr_t)pool,
+                                   CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &value) != CUDA_SUCCESS)
+        return UINT64_MAX;
+    return value;
+}
+
+/* Gives back what `pool` was charged beyond what the driver says it holds (never below
+ * what its live allocations hold). */
+static void pool_settle(uint64_t pool) {
+    uint64_t reserved = pool_reserved(pool), back = 0;
+    if (reserved == UINT64_MAX)
+        return;
+    int gpu = -1;
+    pthread_mutex_lock(&held_lock);
+    struct pool_books *p = pool_find(pool);
+    if (p != NULL) {
+        uint64_t floor = reserved > p->allocated ? reserved : p->allocated;
+        if (p->counted > floor) {
+            back = p->counted - floor, gpu = p->gpu;
+            p->counted = floor;
+            kept_add(-(int64_t)back);
+        }
+    }
+    pthread_mutex_unlock(&held_lock);
+    if (back)
+        gs_unreserve(gpu, back);
+}
+
+#define SETTLED_AT_ONCE 64
+static void settle_pools(void) {
+    uint64_t keeping[SETTLED_AT_ONCE];
+    int n = 0;
+    pthread_mutex_lock(&held_lock);
+    for (int i = 0; i < pool_count && n < SETTLED_AT_ONCE; i++)
+        if (pools[i].counted > pools[i].allocated)
+            keeping[n++] = pools[i].pool;
+    pthread_mutex_unlock(&held_lock);
+    for (int i = 0; i < n; i++)
+        pool_settle(keeping[i]);
+}
+
+/* Before a request the cap would refuse while pools keep memory: ask the driver what they
+ * still hold (a synchronize the library did not see may have released it). */
+static uint64_t room(int gpu, uint64_t bytes) {
+    if (gpu < 0 || gs_region == NULL || __atomic_load_n(&kept_total, __ATOMIC_RELAXED) == 0)
+        return bytes;
+    const struct gs_gpu *g = &gs_region->gpus[gpu];
+    uint64_t cap = gs_cap(gpu);
+    uint64_t used = __atomic_load_n(&g->used_bytes, __ATOMIC_RELAXED);
+    if (cap && (used > cap || bytes > cap - used))
+        settle_pools();
+    return bytes;
 }
 
 #define CALL_REAL(name, ...) (real_##name ? real_##name(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND)
@@ -127,7 +311,7 @@ static void release(enum kind kind, uint64_t key, CUresult rc) {
         int gpu;                                                             \
         CUresult rc = context_gpu(&gpu);                                     \
         if (rc == CUDA_SUCCESS)                                              \
-            rc = admit(gpu, bytes);                                          \
+            rc = admit(gpu, room(gpu, bytes));                               \
         if (rc != CUDA_SUCCESS)                                              \
             return rc;                                                       \
         rc = CALL_REAL(name, __VA_ARGS__);                                   \
@@ -142,26 +326,144 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
     CONTEXT_ALLOCATION(cuMemAlloc_v2, POINTER, *dptr, bytesize, dptr, bytesize);
 }
 
+/* Pool allocations take from what the pool keeps before charging the GPU anew, so memory
+ * reused from a pool is not counted twice. */
+static uint64_t pool_claim(uint64_t pool, uint64_t bytes) {
+    uint64_t taken = 0;
+    pthread_mutex_lock(&held_lock);
+    struct pool_books *p = pool_find(pool);
+    if (p != NULL && !p->destroyed) {
+        uint64_t kept = p->counted - p->allocated;
+        taken = kept < bytes ? kept : bytes;
+        p->allocated += taken;
+        kept_add(-(int64_t)taken);
+    }
+    pthread_mutex_unlock(&held_lock);
+    return taken;
+}
+
+static CUresult settle_pooled(CUresult rc, uint64_t pool, uint64_t key, int gpu, uint64_t bytes,
+                              uint64_t taken) {
+    uint64_t charged = bytes - taken;
+    pthread_mutex_lock(&held_lock);
+    struct pool_books *p = pool_find(pool);
+    struct held h = {key, bytes, pool, 0, 0, POINTER, (int8_t)gpu};
+    if (rc == CUDA_SUCCESS && p != NULL && held_insert(&h) == 0) {
+        p->counted += charged, p->allocated += charged;
+        charged = 0;
+    } else {
+        pool_unclaim_locked(pool, taken);
+    }
+    pthread_mutex_unlock(&held_lock);
+    if (charged)
+        gs_unreserve(gpu, charged);
+    return rc;
+}
+
+/* The books of `pool` on region GPU `gpu`, opened if new; 0: none to keep (no memory). */
+static uint64_t pool_books_for(uint64_t pool, int gpu) {
+    pthread_mutex_lock(&held_lock);
+    struct pool_books *p = pool ? pool_add(pool, gpu) : NULL;
+    pthread_mutex_unlock(&held_lock);
+    return p ? pool : 0;
+}
+
+/* The device whose memory a pool holds: the one whose default or current pool it is, else
+ * the calling thread's (a pool made before the library saw it). */
+static CUresult device_of_pool(CUmemoryPool pool, CUdevice *device) {
+    int count = 0;
+    CUmemoryPool p;
+    if (real_cuDeviceGetCount && real_cuDeviceGetCount(&count) == CUDA_SUCCESS)
+        for (CUdevice d = 0; d < count; d++)
+            if ((real_cuDeviceGetDefaultMemPool &&
+                 real_cuDeviceGetDefaultMemPool(&p, d) == CUDA_SUCCESS && p == pool) ||
+                (real_cuDeviceGetMemPool && real_cuDeviceGetMemPool(&p, d) == CUDA_SUCCESS &&
+                 p == pool))
+                return *device = d, CUDA_SUCCESS;
+    return gs_current_device(device);
+}
+
+/* cuMemAllocFromPoolAsync: the pool's device is charged, whatever the thread's is. */
+static CUresult given_pool(CUmemoryPool handle, uint64_t *pool, int *gpu) {
+    *pool = (uint64_t)(uintptr_t)handle;
+    pthread_mutex_lock(&held_lock);
+    struct pool_books *p = pool_find(*pool);
+    int known = p != NULL && !p->destroyed;
+    if (known)
+        *gpu = p->gpu;
+    pthread_mutex_unlock(&held_lock);
+    if (known)
+        return CUDA_SUCCESS;
+    CUdevice device;
+    CUresult rc = device_of_pool(handle, &device);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    *gpu = gs_gpu_of_device(device);
+    *pool = pool_books_for(*pool, *gpu);
+    return CUDA_SUCCESS;
+}
+
+/* cuMemAllocAsync: the current pool of the calling thread's device. */
+static CUresult context_pool(uint64_t *pool, int *gpu) {
+    CUdevice device;
+    CUresult rc = gs_current_device(&device);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    *gpu = gs_gpu_of_device(device);
+    CUmemoryPool handle = NULL;
+    if (real_cuDeviceGetMemPool == NULL || real_cuDeviceGetMemPool(&handle, device) != 0)
+        handle = NULL;
+    *pool = pool_books_for((uint64_t)(uintptr_t)handle, *gpu);
+    return CUDA_SUCCESS;
+}
+
+/* Pool 0 (the driver did not say which): counted as a plain allocation. */
+#define POOL_ALLOCATION(name, which_pool, ...)                                        \
+    do {                                                                              \
+        gs_enter_cuda();                                                              \
+        if (!capping())                                                               \
+            return CALL_REAL(name, __VA_ARGS__);                                      \
+        uint64_t pool_key;                                                            \
+        int gpu;                                                                      \
+        CUresult rc = which_pool;                                                     \
+        if (rc != CUDA_SUCCESS)                                                       \
+            return rc;                                                                \
+        if (gpu == HOST_POOL)                                                         \
+            return CALL_REAL(name, __VA_ARGS__);                                      \
+        if (gpu < 0)                                                                  \
+            return admit(gpu, bytesize); /* refused: not the container's GPU */       \
+        uint64_t taken = pool_key ? pool_claim(pool_key, bytesize) : 0;               \
+        rc = admit(gpu, room(gpu, bytesize - taken));                                 \
+        if (rc != CUDA_SUCCESS) {                                                     \
+            pthread_mutex_lock(&held_lock);                                           \
+            pool_unclaim_locked(pool_key, taken);                                     \
+            pthread_mutex_unlock(&held_lock);                                         \
+            return rc;                                                                \
+        }                                                                             \
+        rc = CALL_REAL(name, __VA_ARGS__);                                            \
+        uint64_t key = rc == CUDA_SUCCESS ? *dptr : 0;                                \
+        return pool_key ? settle_pooled(rc, pool_key, key, gpu, bytesize, taken)        \
+                        : settle(rc, POINTER, key, gpu, bytesize);                        \
+    } while (0)
+
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream) {
-    CONTEXT_ALLOCATION(cuMemAllocAsync, POINTER, *dptr, bytesize, dptr, bytesize, stream);
+    POOL_ALLOCATION(cuMemAllocAsync, context_pool(&pool_key, &gpu), dptr, bytesize, stream);
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream) {
-    CONTEXT_ALLOCATION(cuMemAllocAsync_ptsz, POINTER, *dptr, bytesize, dptr, bytesize, stream);
+    POOL_ALLOCATION(cuMemAllocAsync_ptsz, context_pool(&pool_key, &gpu), dptr, bytesize, stream);
 }
 
-/* A pool's device is not asked of the driver (no query gives it); the stream's work runs
- * in the calling thread's context, whose device is charged. */
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                         CUstream stream) {
-    CONTEXT_ALLOCATION(cuMemAllocFromPoolAsync, POINTER, *dptr, bytesize, dptr, bytesize, pool,
-                       stream);
+    POOL_ALLOCATION(cuMemAllocFromPoolAsync, given_pool(pool, &pool_key, &gpu), dptr, bytesize,
+                    pool, stream);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
                                              CUmemoryPool pool, CUstream stream) {
-    CONTEXT_ALLOCATION(cuMemAllocFromPoolAsync_ptsz, POINTER, *dptr, bytesize, dptr, bytesize,
-                       pool, stream);
+    POOL_ALLOCATION(cuMemAllocFromPoolAsync_ptsz, given_pool(pool, &pool_key, &gpu), dptr,
+                    bytesize, pool, stream);
 }
 
 /* The driver rounds a pitch up to its alignment (at most 512 bytes on any GPU so far):
@@ -197,7 +499,7 @@ static CUresult undo_v2(uint64_t p) { return CALL_REAL(cuMemFree_v2, (CUdevicept
         uint64_t reserved = pitched(width, height);                                        \
         CUresult rc = context_gpu(&gpu);                                                   \
         if (rc == CUDA_SUCCESS)                                                            \
-            rc = admit(gpu, reserved);                                                     \
+            rc = admit(gpu, room(gpu, reserved));                                          \
         if (rc != CUDA_SUCCESS)                                                            \
             return rc;                                                                     \
         rc = CALL_REAL(name, __VA_ARGS__);                                                 \
@@ -223,7 +525,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     if (!capping() || prop == NULL || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CALL_REAL(cuMemCreate, handle, size, prop, flags);
     int gpu = gs_gpu_of_device(prop->location.id);
-    CUresult rc = admit(gpu, size);
+    CUresult rc = admit(gpu, room(gpu, size));
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = CALL_REAL(cuMemCreate, handle, size, prop, flags);
@@ -268,7 +570,7 @@ static uint64_t mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned level
         uint64_t bytes = bytes_of;                                                       \
         CUresult rc = context_gpu(&gpu);                                                 \
         if (rc == CUDA_SUCCESS)                                                          \
-            rc = admit(gpu, bytes);                                                      \
+            rc = admit(gpu, room(gpu, bytes));                                           \
         if (rc != CUDA_SUCCESS)                                                          \
             return rc;                                                                   \
         rc = CALL_REAL(name, __VA_ARGS__);                                               \
@@ -337,14 +639,168 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
     FREE(cuMemFreeAsync_ptsz, POINTER, dptr, dptr, stream);
 }
-EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
-    FREE(cuMemRelease, HANDLE, handle, handle);
-}
 EXPORT CUresult cuArrayDestroy(CUarray array) {
     FREE(cuArrayDestroy, ARRAY, (uintptr_t)array, array);
 }
 EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) {
     FREE(cuMipmappedArrayDestroy, MIPMAP, (uintptr_t)array, array);
+}
+
+/* VMM: cuMemCreate's physical allocation stays counted while an unreleased handle or a
+ * mapping refers to it, as the driver keeps it: create -> map -> release (the usual
+ * order) leaves it counted until the unmap. */
+static void drop_if_unreferenced_locked(struct held *h, uint64_t back[GS_MAX_GPUS]) {
+    if (h->handles == 0 && h->mappings == 0) {
+        back[h->gpu] += h->bytes;
+        held_erase(h);
+    }
+}
+
+static void give_back(const uint64_t back[GS_MAX_GPUS]) {
+    for (int gpu = 0; gpu < GS_MAX_GPUS; gpu++)
+        if (back[gpu])
+            gs_unreserve(gpu, back[gpu]);
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    gs_enter_cuda();
+    CUresult rc = CALL_REAL(cuMemRelease, handle);
+    if (rc != CUDA_SUCCESS || !capping())
+        return rc;
+    uint64_t back[GS_MAX_GPUS] = {0};
+    pthread_mutex_lock(&held_lock);
+    struct held *h = held_find(HANDLE, handle);
+    if (h != NULL && h->handles > 0) {
+        h->handles--;
+        drop_if_unreferenced_locked(h, back);
+    }
+    pthread_mutex_unlock(&held_lock);
+    give_back(back);
+    return rc;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle handle, unsigned long long flags) {
+    gs_enter_cuda();
+    CUresult rc = CALL_REAL(cuMemMap, ptr, size, offset, handle, flags);
+    if (rc != CUDA_SUCCESS || !capping())
+        return rc;
+    pthread_mutex_lock(&held_lock);
+    struct held *h = held_find(HANDLE, handle);
+    if (h != NULL) {
+        h->mappings++;
+        struct held mapping = {ptr, size, handle, 0, 0, MAPPING, h->gpu};
+        if (held_insert(&mapping) != 0)
+            held_find(HANDLE, handle)->mappings--; /* untracked: its unmap finds nothing */
+    }
+    pthread_mutex_unlock(&held_lock);
+    return rc;
+}
+
+/* The driver unmaps whole mappings only, so [ptr, ptr + size) is a run of them. */
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    gs_enter_cuda();
+    CUresult rc = CALL_REAL(cuMemUnmap, ptr, size);
+    if (rc != CUDA_SUCCESS || !capping())
+        return rc;
+    uint64_t back[GS_MAX_GPUS] = {0};
+    pthread_mutex_lock(&held_lock);
+    struct held *mapping;
+    for (uint64_t at = ptr; at < ptr + size && (mapping = held_find(MAPPING, at));) {
+        uint64_t handle = mapping->link, length = mapping->bytes;
+        held_erase(mapping);
+        struct held *h = held_find(HANDLE, handle);
+        if (h != NULL && h->mappings > 0) {
+            h->mappings--;
+            drop_if_unreferenced_locked(h, back);
+        }
+        if (length == 0)
+            break;
+        at += length;
+    }
+    pthread_mutex_unlock(&held_lock);
+    give_back(back);
+    return rc;
+}
+
+/* The driver hands out the handle the memory was mapped with, one more to release. */
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    gs_enter_cuda();
+    CUresult rc = CALL_REAL(cuMemRetainAllocationHandle, handle, addr);
+    if (rc != CUDA_SUCCESS || !capping() || handle == NULL)
+        return rc;
+    pthread_mutex_lock(&held_lock);
+    struct held *h = held_find(HANDLE, *handle);
+    if (h != NULL)
+        h->handles++;
+    pthread_mutex_unlock(&held_lock);
+    return rc;
+}
+
+/* Pools: a device pool is charged to its device, a host pool to none. */
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    gs_enter_cuda();
+    CUresult rc = CALL_REAL(cuMemPoolCreate, pool, props);
+    if (rc != CUDA_SUCCESS || !capping() || pool == NULL || props == NULL)
+        return rc;
+    int gpu = props->location.type == CU_MEM_LOCATION_TYPE_DEVICE
+                  ? gs_gpu_of_device(props->location.id)
+                  : HOST_POOL;
+    pool_books_for((uint64_t)(uintptr_t)*pool, gpu);
+    return rc;
+}
+
+/* What it keeps goes back now; what its allocations hold, as they are freed. */
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    gs_enter_cuda();
+    CUresult rc = CALL_REAL(cuMemPoolDestroy, pool);
+    if (rc != CUDA_SUCCESS || !capping())
+        return rc;
+    uint64_t back = 0;
+    int gpu = -1;
+    pthread_mutex_lock(&held_lock);
+    struct pool_books *p = pool_find((uint64_t)(uintptr_t)pool);
+    if (p != NULL) {
+        back = p->counted - p->allocated, gpu = p->gpu;
+        p->counted = p->allocated, p->destroyed = 1;
+        kept_add(-(int64_t)back);
+        pool_drop_if_done(p);
+    }
+    pthread_mutex_unlock(&held_lock);
+    if (back)
+        gs_unreserve(gpu, back);
+    return rc;
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t min_bytes_to_keep) {
+    gs_enter_cuda();
+    CUresult rc = CALL_REAL(cuMemPoolTrimTo, pool, min_bytes_to_keep);
+    if (rc == CUDA_SUCCESS && capping())
+        pool_settle((uint64_t)(uintptr_t)pool);
+    return rc;
+}
+
+/* A synchronize is where the driver releases what pools keep over their release threshold
+ * (0 for a default pool): ask them what they hold, when any keeps something. */
+static CUresult synchronized(CUresult rc) {
+    if (rc == CUDA_SUCCESS && capping() && __atomic_load_n(&kept_total, __ATOMIC_RELAXED))
+        settle_pools();
+    return rc;
+}
+
+EXPORT CUresult cuCtxSynchronize(void) {
+    gs_enter_cuda();
+    return synchronized(real_cuCtxSynchronize ? real_cuCtxSynchronize() : CUDA_ERROR_NOT_FOUND);
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream stream) {
+    gs_enter_cuda();
+    return synchronized(CALL_REAL(cuStreamSynchronize, stream));
+}
+
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) {
+    gs_enter_cuda();
+    return synchronized(CALL_REAL(cuStreamSynchronize_ptsz, stream));
 }
 
 /* The container's view: total = min(cap, physical), used = what the container holds,
@@ -359,7 +815,7 @@ static CUresult memory_view(uint64_t *free_bytes, uint64_t *total_bytes) {
     if (!capping() || context_gpu(&gpu) != CUDA_SUCCESS || gpu < 0)
         return CUDA_SUCCESS;
     const struct gs_gpu *g = &gs_region->gpus[gpu];
-    uint64_t cap = __atomic_load_n(&g->cap_bytes, __ATOMIC_RELAXED);
+    uint64_t cap = gs_cap(gpu);
     uint64_t used = __atomic_load_n(&g->used_bytes, __ATOMIC_RELAXED);
     uint64_t total = cap && cap < total_now ? cap : total_now;
     uint64_t left = total > used ? total - used : 0;

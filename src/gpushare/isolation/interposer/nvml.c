@@ -14,7 +14,7 @@ static void view(nvmlDevice_t device, unsigned long long *total, unsigned long l
     if (gpu < 0)
         return;
     const struct gs_gpu *g = &gs_region->gpus[gpu];
-    uint64_t cap = __atomic_load_n(&g->cap_bytes, __ATOMIC_RELAXED);
+    uint64_t cap = gs_cap(gpu); /* what this process enforces, not the region's word */
     uint64_t mine = __atomic_load_n(&g->used_bytes, __ATOMIC_RELAXED);
     if (cap && cap < *total)
         *total = cap;

@@ -4,10 +4,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "hooks.h"
@@ -16,11 +16,9 @@ struct gs_region *gs_region;
 static int region_fd = -1;
 static char region_path[4096];
 static int my_slot = -1;
-
-static void pause_ms(long ms) {
-    struct timespec t = {0, ms * 1000000L};
-    nanosleep(&t, NULL);
-}
+/* What is enforced on each GPU: the grant's caps, or (no grant) the region's as this
+ * process found them; never re-read from the region, which the container can write. */
+static uint64_t cap[GS_MAX_GPUS];
 
 static void init_header(struct gs_region *r, const struct gs_config *config) {
     pthread_mutexattr_t attr;
@@ -42,30 +40,86 @@ static void init_header(struct gs_region *r, const struct gs_config *config) {
     __atomic_store_n(&r->magic, GS_REGION_MAGIC, __ATOMIC_RELEASE);
 }
 
-/* A region another process is creating: wait (2 s at most) for its size, then its magic. */
-static struct gs_region *map_existing(int fd) {
-    struct stat st = {0};
-    for (int waited = 0; waited < 2000; waited++) {
-        if (fstat(fd, &st) == 0 && st.st_size >= (off_t)sizeof(struct gs_region))
-            break;
-        pause_ms(1);
+/* Builds the region under a name of its own, then links it into place: whoever opens
+ * `path` finds it whole, so no one ever waits for a creator. Returns the descriptor of
+ * the region at `path` (another process's, if it linked first), or -1 with errno. */
+static int create(const char *path, const struct gs_config *config) {
+    char temp[sizeof region_path + 32];
+    snprintf(temp, sizeof temp, "%s.%d.tmp", path, (int)getpid());
+    unlink(temp); /* left by a creator that died with this pid */
+    int fd = open(temp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0)
+        return -1;
+    fchmod(fd, 0666); /* processes of the container may run as different users */
+    struct gs_region *r = MAP_FAILED;
+    if (ftruncate(fd, sizeof *r) == 0)
+        r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int linked = -1;
+    if (r != MAP_FAILED) {
+        init_header(r, config);
+        munmap(r, sizeof *r);
+        linked = link(temp, path);
     }
-    if (st.st_size < (off_t)sizeof(struct gs_region)) {
-        gs_log(1, "region is %lld bytes, this library's layout needs %zu: not capping",
-               (long long)st.st_size, sizeof(struct gs_region));
+    int error = errno;
+    unlink(temp);
+    if (linked == 0)
+        return fd;
+    close(fd);
+    if (error == EEXIST)
+        return open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK);
+    errno = error;
+    return -1;
+}
+
+/* Whether the region at `r` can be trusted as this container's; else fails closed at
+ * once, saying why (a half-made region cannot exist, so there is nothing to wait for). */
+static int usable(const struct gs_region *r, const struct gs_config *config, int granted) {
+    if (__atomic_load_n(&r->magic, __ATOMIC_ACQUIRE) != GS_REGION_MAGIC ||
+        r->layout_version != GS_LAYOUT_VERSION || r->slot_count != GS_MAX_SLOTS) {
+        gs_refuse("region %s is not a layout-%u gpushare region", region_path,
+                  GS_LAYOUT_VERSION);
+        return 0;
+    }
+    if (r->gpu_count == 0 || r->gpu_count > GS_MAX_GPUS) {
+        gs_refuse("region %s lists %u GPUs", region_path, r->gpu_count);
+        return 0;
+    }
+    if (granted && r->gpu_count != config->gpu_count) {
+        gs_refuse("region %s is foreign: %u GPUs, the grant's %u", region_path, r->gpu_count,
+                  config->gpu_count);
+        return 0;
+    }
+    for (unsigned i = 0; i < r->gpu_count; i++) {
+        const struct gs_gpu *g = &r->gpus[i];
+        /* Without a grant the region's caps are the ones enforced: 0 is no longer "none". */
+        if (memchr(g->uuid, '\0', GS_UUID_BYTES) == NULL ||
+            (!granted && (g->cap_bytes == 0 || g->cap_bytes > GS_MAX_CAP_BYTES))) {
+            gs_refuse("region %s: the entry of GPU %u is damaged", region_path, i);
+            return 0;
+        }
+        if (granted && strcmp(g->uuid, config->uuid[i]) != 0) {
+            gs_refuse("region %s is foreign: its GPU %u is %s, the grant's %s", region_path, i,
+                      g->uuid, config->uuid[i]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static struct gs_region *map_region(int fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_size != (off_t)sizeof(struct gs_region)) {
+        gs_refuse("region %s is not a %zu-byte file, as this library's layout is", region_path,
+                  sizeof(struct gs_region));
         return NULL;
     }
     struct gs_region *r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (r == MAP_FAILED)
+    if (r == MAP_FAILED) {
+        gs_refuse("cannot map region %s: %s", region_path, strerror(errno));
         return NULL;
-    for (int waited = 0; waited < 2000; waited++) {
-        if (__atomic_load_n(&r->magic, __ATOMIC_ACQUIRE) == GS_REGION_MAGIC)
-            return r;
-        pause_ms(1);
     }
-    gs_log(1, "region never initialised by its creator: not capping");
-    munmap(r, sizeof *r);
-    return NULL;
+    return r;
 }
 
 static void warn_if_configured_otherwise(const struct gs_config *config) {
@@ -81,47 +135,37 @@ static void warn_if_configured_otherwise(const struct gs_config *config) {
                    (unsigned long long)config->cap_bytes[i]);
 }
 
-int gs_region_open(const char *path, const struct gs_config *config) {
-    if (strlen(path) >= sizeof region_path)
-        return -1;
-    strcpy(region_path, path);
-    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd >= 0) {
-        /* Processes of the container may run as different users. */
-        fchmod(fd, 0666);
-        if (ftruncate(fd, sizeof(struct gs_region)) != 0) {
-            close(fd);
-            return -1;
-        }
-        gs_region = mmap(NULL, sizeof *gs_region, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (gs_region == MAP_FAILED) {
-            gs_region = NULL;
-            close(fd);
-            return -1;
-        }
-        init_header(gs_region, config);
-    } else if (errno == EEXIST && (fd = open(path, O_RDWR | O_CLOEXEC)) >= 0) {
-        gs_region = map_existing(fd);
-        if (gs_region == NULL) {
-            close(fd);
-            return -1;
-        }
-        if (gs_region->layout_version != GS_LAYOUT_VERSION) {
-            gs_log(1, "region layout %u, this library's %u: not capping",
-                   gs_region->layout_version, GS_LAYOUT_VERSION);
-            munmap(gs_region, sizeof *gs_region);
-            gs_region = NULL;
-            close(fd);
-            return -1;
-        }
-        warn_if_configured_otherwise(config);
-    } else {
-        gs_log(1, "cannot open region %s: %s", path, strerror(errno));
+int gs_region_open(const char *path, const struct gs_config *config, int granted) {
+    if (strlen(path) >= sizeof region_path) {
+        gs_refuse("region path of %zu bytes is too long", strlen(path));
         return -1;
     }
+    memcpy(region_path, path, strlen(path) + 1);
+    /* O_NONBLOCK: a FIFO put in its place must not hang every CUDA process. */
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0 && errno == ENOENT)
+        fd = create(path, config);
+    if (fd < 0) {
+        gs_refuse("cannot open region %s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct gs_region *r = map_region(fd);
+    if (r == NULL || !usable(r, config, granted)) {
+        if (r != NULL)
+            munmap(r, sizeof *r);
+        close(fd);
+        return -1;
+    }
+    gs_region = r;
     region_fd = fd;
+    for (unsigned i = 0; i < r->gpu_count; i++)
+        cap[i] = granted ? config->cap_bytes[i] : r->gpus[i].cap_bytes;
+    if (!granted)
+        warn_if_configured_otherwise(config);
     return 0;
 }
+
+uint64_t gs_cap(int gpu) { return cap[gpu]; }
 
 /* The byte of the file whose OFD lock says slot `s` has a live owner. */
 static off_t liveness_byte(int s) { return (off_t)offsetof(struct gs_region, slots[s]); }
@@ -209,7 +253,7 @@ int gs_region_attach(void) {
     gs_region->heartbeat_ns = gs_now_ns();
     unlock_region();
     if (my_slot < 0)
-        gs_log(1, "all %d process slots of the region are taken: not capping", GS_MAX_SLOTS);
+        gs_refuse("all %d process slots of the region are taken", GS_MAX_SLOTS);
     return my_slot < 0 ? -1 : 0;
 }
 
@@ -236,13 +280,13 @@ void gs_region_forked(void) {
 
 int gs_reserve(int gpu, uint64_t bytes) {
     if (my_slot < 0)
-        return 1; /* no slot (all taken): logged once, not capping */
+        return 0; /* no slot: the process fails closed (gs_region_attach said why) */
     struct gs_gpu *g = &gs_region->gpus[gpu];
+    uint64_t limit = cap[gpu];
     lock_region();
-    int fits = g->cap_bytes == 0 || (g->used_bytes <= g->cap_bytes &&
-                                     bytes <= g->cap_bytes - g->used_bytes);
+    int fits = g->used_bytes <= limit && bytes <= limit - g->used_bytes;
     if (!fits && reap_locked() > 0)
-        fits = g->used_bytes <= g->cap_bytes && bytes <= g->cap_bytes - g->used_bytes;
+        fits = g->used_bytes <= limit && bytes <= limit - g->used_bytes;
     if (fits) {
         g->used_bytes += bytes;
         gs_region->slots[my_slot].used[gpu] += bytes;

@@ -25,6 +25,7 @@
 #define GS_MAX_GPUS 16
 #define GS_MAX_SLOTS 1024
 #define GS_UUID_BYTES 64
+#define GS_MAX_CAP_BYTES (1ull << 50) /* a cap is 1 byte .. 1 PiB */
 
 struct gs_gpu {
     char uuid[GS_UUID_BYTES]; /* "GPU-..." from NVIDIA_VISIBLE_DEVICES; "" maps by ordinal */
@@ -72,13 +73,18 @@ struct gs_config {
 
 extern struct gs_region *gs_region;
 
-/* Maps (creating if first) the region at `path`; 0 on success. */
-int gs_region_open(const char *path, const struct gs_config *config);
+/* Maps (creating if first) the region at `path`; 0 on success, else the process fails
+ * closed (gs_refuse). `granted`: config is the node's grant, so it is what is enforced
+ * and an existing region must be for its GPUs; else the region's own caps are. */
+int gs_region_open(const char *path, const struct gs_config *config, int granted);
+/* The cap this process enforces on GPU `gpu`, held in its own memory (a process of the
+ * container can rewrite the region's cap_bytes). */
+uint64_t gs_cap(int gpu);
 /* Takes a slot for this process (again after fork); 0 on success. */
 int gs_region_attach(void);
 /* Gives this process's slot back, with what it still holds. */
 void gs_region_detach(void);
-/* Reserves `bytes` on GPU `gpu` for this process if the cap allows (after reaping dead
+/* Reserves `bytes` on GPU `gpu` for this process if its cap allows (after reaping dead
  * processes once when it does not); 1 reserved, 0 refused. */
 int gs_reserve(int gpu, uint64_t bytes);
 void gs_unreserve(int gpu, uint64_t bytes);

@@ -2,23 +2,29 @@
 ctypes mirror of region.h (the layout test holds the two equal), opened by path.
 
     with Region.open(path) as region:
-        region.gpus()[0].used_bytes       # what the container holds on its first GPU
-        region.processes()                # per-process use, by slot
+        region.gpus()[0].used_bytes       # what the container's live processes hold
+        region.processes()                # the live processes, by slot
+        region.dead()                     # pids of slots whose owner died without leaving
         region.set_gate(0, open=False)    # hold the container's launches on GPU 0
-        region.reap()                     # give back what dead processes held
 
-The library fills the header when the first CUDA process of the container starts; the
-agent only reads usage, writes gates and share targets, and reaps.
+The region lives in a directory the container mounts read-write, so every byte of it is
+the container's to write, at any time: the agent trusts none of it. It never maps the
+file (a container that truncates it would kill the agent with SIGBUS), never takes its
+mutex (a holder would block the agent, and glibc would write through the container's
+robust-list pointers inside the agent), and refuses anything that is not a regular
+file of exactly the region's size. Each read is one pread into a private copy; each write
+is a pwrite of one field. The library reaps dead processes' slots by itself, under its
+own lock; the agent only tells live slots from dead ones (the owner's OFD lock).
 """
 
 import ctypes
-import errno
 import fcntl
-import mmap
 import os
+import stat
 import struct
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
@@ -81,8 +87,28 @@ class RegionRecord(ctypes.Structure):
     ]
 
 
+REGION_BYTES: Final = ctypes.sizeof(RegionRecord)
+
+
+class Refusal(StrEnum):
+    """Why a region cannot be used (few values: a metric label)."""
+
+    NOT_A_FILE = "not-a-file"
+    """A FIFO, device, socket, symlink or directory where the region should be."""
+    SIZE = "size"
+    """Not exactly a region's size: truncated, grown, or read short."""
+    HEADER = "header"
+    """Wrong magic or layout version, or counts beyond the layout's."""
+    IO = "io"
+    """Reading or writing it failed."""
+
+
 class RegionError(RuntimeError):
-    """The file is not a region this code can read; the message says why."""
+    """The file is not a region this code can use; the message says why."""
+
+    def __init__(self, message: str, refusal: Refusal) -> None:
+        super().__init__(message)
+        self.refusal = refusal
 
 
 @dataclass(frozen=True)
@@ -91,8 +117,9 @@ class GpuUsage:
     uuid: str
     """'' when the container's GPUs are mapped by ordinal."""
     cap_bytes: int
-    """0: no cap."""
+    """0: no cap. What the region says: the container can write it."""
     used_bytes: int
+    """Summed over the live processes' slots (a dead process's bytes are not counted)."""
     gate_open: bool
     share_percent: int
     launches: int
@@ -114,56 +141,51 @@ class ProcessUsage:
     """Per GPU of the container."""
 
 
-_EOWNERDEAD: Final = errno.EOWNERDEAD
+@dataclass(frozen=True)
+class RegionView:
+    """One read of a region: its GPUs and live processes as they were at that moment."""
+
+    gpus: tuple[GpuUsage, ...]
+    processes: tuple[ProcessUsage, ...]
+    """The live ones: their owner holds its slot's OFD lock."""
+    dead: tuple[int, ...]
+    """Pids of slots still taken whose owner died (the library gives them back)."""
+
+
 _FLOCK: Final = struct.Struct("@hhqqi4x")  # struct flock on x86_64 / aarch64 Linux
+_SLOTS: Final = RegionRecord.slots.offset
+_PID_STRIDE: Final = ctypes.sizeof(SlotRecord) // ctypes.sizeof(ctypes.c_int32)
+_GPUS: Final = RegionRecord.gpus.offset
 
 
 class Region:
-    """An open region file, mapped shared; close it (or use `with`)."""
+    """An open region file; close it (or use `with`)."""
 
-    def __init__(self, path: Path, descriptor: int, mapping: mmap.mmap) -> None:
+    def __init__(self, path: Path, descriptor: int, identity: tuple[int, int]) -> None:
         self.path = path
-        self._descriptor = descriptor
-        self._mapping = mapping
-        self._record: RegionRecord | None = RegionRecord.from_buffer(mapping)
-        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._descriptor: int | None = descriptor
+        self.identity = identity
+        """(st_dev, st_ino) of the file opened: another file at the path is another region."""
+        self.gpu_count = 0
+        """As of the latest read."""
 
     @classmethod
     def open(cls, path: Path) -> Self:
-        descriptor = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        """The region at `path`, read once to check it; RegionError saying why it cannot
+        be used, FileNotFoundError when there is none."""
+        descriptor, identity = _open_regular(path)
+        region = cls(path, descriptor, identity)
         try:
-            size = os.fstat(descriptor).st_size
-            if size < ctypes.sizeof(RegionRecord):
-                raise RegionError(
-                    f"{path} is {size} bytes; a layout-{LAYOUT_VERSION} region is "
-                    f"{ctypes.sizeof(RegionRecord)}"
-                )
-            mapping = mmap.mmap(descriptor, ctypes.sizeof(RegionRecord), mmap.MAP_SHARED)
+            region.read()
         except BaseException:
-            os.close(descriptor)
-            raise
-        region = cls(path, descriptor, mapping)
-        if region.record.magic != MAGIC or region.record.layout_version != LAYOUT_VERSION:
-            found = (hex(region.record.magic), region.record.layout_version)
             region.close()
-            raise RegionError(
-                f"{path} is not a layout-{LAYOUT_VERSION} gpushare region "
-                f"(magic {found[0]}, layout {found[1]})"
-            )
+            raise
         return region
 
-    @property
-    def record(self) -> RegionRecord:
-        if self._record is None:
-            raise RegionError(f"{self.path} is closed")
-        return self._record
-
     def close(self) -> None:
-        if self._record is None:
-            return
-        self._record = None  # the mapping cannot close while a ctypes view exports it
-        self._mapping.close()
-        os.close(self._descriptor)
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None
 
     def __enter__(self) -> Self:
         return self
@@ -176,28 +198,52 @@ class Region:
     ) -> None:
         self.close()
 
-    @property
-    def gpu_count(self) -> int:
-        return int(self.record.gpu_count)
+    def replaced(self) -> bool:
+        """Whether the path names no file, or another file, than the one open."""
+        try:
+            found = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return True
+        return (found.st_dev, found.st_ino) != self.identity
 
-    @property
-    def attached(self) -> int:
-        """Processes of the container holding a slot now (dead ones until reaped)."""
-        return int(self.record.attached)
+    def read(self) -> RegionRecord:
+        """A private copy of the whole region now, its header checked."""
+        descriptor = self._fd()
+        size = os.fstat(descriptor).st_size
+        if size != REGION_BYTES:
+            raise RegionError(
+                f"{self.path} is {size} bytes; a layout-{LAYOUT_VERSION} region is {REGION_BYTES}",
+                Refusal.SIZE,
+            )
+        data = os.pread(descriptor, REGION_BYTES, 0)
+        if len(data) != REGION_BYTES:
+            raise RegionError(
+                f"{self.path}: read {len(data)} of {REGION_BYTES} bytes", Refusal.SIZE
+            )
+        record = RegionRecord.from_buffer_copy(data)
+        _check(self.path, record)
+        self.gpu_count = int(record.gpu_count)
+        return record
 
-    @property
-    def heartbeat_ns(self) -> int:
-        """CLOCK_MONOTONIC of the latest attach, allocation or launch in the container."""
-        return int(self.record.heartbeat_ns)
-
-    def gpus(self) -> list[GpuUsage]:
-        record = self.record
-        return [
+    def view(self) -> RegionView:
+        """The GPUs and processes now, counting live processes only."""
+        record = self.read()
+        count = self.gpu_count
+        live, dead = [], []
+        for s, pid in enumerate(_pids(record)):
+            if pid == 0:
+                continue
+            if not self._slot_alive(s):
+                dead.append(pid)
+                continue
+            slot = record.slots[s]
+            live.append(ProcessUsage(s, pid, int(slot.attached_ns), tuple(slot.used[:count])))
+        gpus = tuple(
             GpuUsage(
                 index=i,
                 uuid=g.uuid.decode(errors="replace"),
                 cap_bytes=g.cap_bytes,
-                used_bytes=g.used_bytes,
+                used_bytes=sum(p.used_bytes[i] for p in live),
                 gate_open=g.gate != 0,
                 share_percent=g.share_percent,
                 launches=g.launches,
@@ -206,103 +252,102 @@ class Region:
                 last_launch_ns=g.last_launch_ns,
                 allocations_refused=g.allocations_refused,
             )
-            for i, g in enumerate(record.gpus[: record.gpu_count])
-        ]
+            for i, g in enumerate(record.gpus[:count])
+        )
+        return RegionView(gpus, tuple(live), tuple(dead))
+
+    def gpus(self) -> list[GpuUsage]:
+        return list(self.view().gpus)
 
     def processes(self) -> list[ProcessUsage]:
-        count = self.record.gpu_count
-        return [
-            ProcessUsage(s, slot.pid, slot.attached_ns, tuple(slot.used[:count]))
-            for s, slot in enumerate(self.record.slots)
-            if slot.pid != 0
-        ]
+        return list(self.view().processes)
+
+    def dead(self) -> list[int]:
+        return list(self.view().dead)
+
+    @property
+    def attached(self) -> int:
+        """Processes holding a slot, as the library counts them (dead ones until reaped)."""
+        return int(self.read().attached)
+
+    @property
+    def heartbeat_ns(self) -> int:
+        """CLOCK_MONOTONIC of the latest attach, allocation or launch in the container."""
+        return int(self.read().heartbeat_ns)
 
     def set_gate(self, gpu: int, *, open: bool, for_s: float = CLOSED_FOR_S) -> None:
         """Open: the container's launches on `gpu` go. Closed: they wait until it opens
         again, for `for_s` seconds at most, so that launches flow again by themselves
         when the agent stops writing the gate."""
-        record = self._gpu(gpu)
-        if not open:
-            record.gate_until_ns = time.monotonic_ns() + int(for_s * 1e9)
-        record.gate = 1 if open else 0
+        if not open:  # the horizon first: a closed gate is never seen with an old one
+            until = time.monotonic_ns() + int(for_s * 1e9)
+            self._write(gpu, GpuRecord.gate_until_ns.offset, ctypes.c_uint64(until))
+        self._write(gpu, GpuRecord.gate.offset, ctypes.c_uint32(1 if open else 0))
 
     def set_share(self, gpu: int, percent: int) -> None:
         if not 0 <= percent <= 100:
             raise ValueError(f"a compute share is a percentage, got {percent}")
-        self._gpu(gpu).share_percent = percent
+        self._write(gpu, GpuRecord.share_percent.offset, ctypes.c_uint32(percent))
 
-    def reap(self) -> list[int]:
-        """Gives back the slots (and bytes) of processes that died without detaching; the
-        pids they had. A live process holds an OFD lock on its slot's first byte."""
-        record = self.record
-        # Looked for without the lock first: the agent asks every slice, and the lock is
-        # the one the container's allocations take.
-        if not any(
-            slot.pid != 0 and not self._slot_alive(s) for s, slot in enumerate(record.slots)
-        ):
-            return []
-        reaped = []
-        with self._locked():
-            for s, slot in enumerate(record.slots):
-                if slot.pid != 0 and not self._slot_alive(s):
-                    reaped.append(int(slot.pid))
-                    for g in range(MAX_GPUS):
-                        gpu = record.gpus[g]
-                        gpu.used_bytes = max(0, gpu.used_bytes - slot.used[g])
-                        slot.used[g] = 0
-                    slot.pid = 0
-                    record.attached = max(0, record.attached - 1)
-        return reaped
+    def _write(self, gpu: int, field: int, value: ctypes.c_uint32 | ctypes.c_uint64) -> None:
+        if not 0 <= gpu < self.gpu_count:
+            raise IndexError(f"the region has {self.gpu_count} GPUs, no GPU {gpu}")
+        data = bytes(value)
+        at = _GPUS + gpu * ctypes.sizeof(GpuRecord) + field
+        if os.pwrite(self._fd(), data, at) != len(data):
+            raise RegionError(f"{self.path}: short write at {at}", Refusal.IO)
 
-    def _gpu(self, gpu: int) -> GpuRecord:
-        if not 0 <= gpu < self.record.gpu_count:
-            raise IndexError(f"the region has {self.record.gpu_count} GPUs, no GPU {gpu}")
-        record: GpuRecord = self.record.gpus[gpu]
-        return record
+    def _fd(self) -> int:
+        if self._descriptor is None:
+            raise RegionError(f"{self.path} is closed", Refusal.IO)
+        return self._descriptor
 
     def _slot_alive(self, slot: int) -> bool:
-        start = RegionRecord.slots.offset + slot * ctypes.sizeof(SlotRecord)
+        """Its owner holds an OFD lock on the slot's first byte. Asked on the agent's own
+        descriptor, which never locks: nothing the container wrote is followed."""
+        start = _SLOTS + slot * ctypes.sizeof(SlotRecord)
         query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, start, 1, 0)
-        answer = fcntl.fcntl(self._descriptor, fcntl.F_OFD_GETLK, query)
+        answer = fcntl.fcntl(self._fd(), fcntl.F_OFD_GETLK, query)
         return int(_FLOCK.unpack(answer)[0]) != fcntl.F_UNLCK
 
-    def _locked(self) -> "_RegionLock":
-        return _RegionLock(self)
 
-    def _mutex(self) -> int:
-        return ctypes.addressof(self.record) + RegionRecord.lock.offset
-
-    def _lock(self) -> None:
-        result = self._libc.pthread_mutex_lock(ctypes.c_void_p(self._mutex()))
-        if result == _EOWNERDEAD:
-            self._recompute_totals()
-            self._libc.pthread_mutex_consistent(ctypes.c_void_p(self._mutex()))
-        elif result != 0:
-            raise RegionError(f"locking {self.path}: {os.strerror(result)}")
-
-    def _unlock(self) -> None:
-        self._libc.pthread_mutex_unlock(ctypes.c_void_p(self._mutex()))
-
-    def _recompute_totals(self) -> None:
-        """A holder died mid-update: the slots are the truth (as the library does)."""
-        record = self.record
-        live = [slot for slot in record.slots if slot.pid != 0]
-        for g in range(MAX_GPUS):
-            record.gpus[g].used_bytes = sum(slot.used[g] for slot in live)
-        record.attached = len(live)
+def _open_regular(path: Path) -> tuple[int, tuple[int, int]]:
+    """A read-write descriptor on the regular file at `path` itself (never what a symlink
+    there points to), and its (st_dev, st_ino). A FIFO, device or socket is looked at
+    through O_PATH only, so opening it has no side effect (no blocking, no driver)."""
+    handle = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        found = os.fstat(handle)
+        if not stat.S_ISREG(found.st_mode):
+            kind = stat.filemode(found.st_mode)[0]
+            raise RegionError(f"{path} is not a regular file (mode {kind!r})", Refusal.NOT_A_FILE)
+        # Through the O_PATH handle: the file checked, whatever the path names by now.
+        descriptor = os.open(f"/proc/self/fd/{handle}", os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    finally:
+        os.close(handle)
+    opened = os.fstat(descriptor)
+    if (opened.st_dev, opened.st_ino) != (found.st_dev, found.st_ino):
+        os.close(descriptor)
+        raise RegionError(f"{path} changed while it was opened", Refusal.NOT_A_FILE)
+    return descriptor, (found.st_dev, found.st_ino)
 
 
-class _RegionLock:
-    def __init__(self, region: Region) -> None:
-        self._region = region
+def _check(path: Path, record: RegionRecord) -> None:
+    if record.magic != MAGIC or record.layout_version != LAYOUT_VERSION:
+        raise RegionError(
+            f"{path} is not a layout-{LAYOUT_VERSION} gpushare region "
+            f"(magic {hex(record.magic)}, layout {record.layout_version})",
+            Refusal.HEADER,
+        )
+    if record.gpu_count > MAX_GPUS or record.slot_count != MAX_SLOTS:
+        raise RegionError(
+            f"{path} says {record.gpu_count} GPUs and {record.slot_count} slots; the layout "
+            f"has at most {MAX_GPUS} GPUs and exactly {MAX_SLOTS} slots",
+            Refusal.HEADER,
+        )
 
-    def __enter__(self) -> None:
-        self._region._lock()
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self._region._unlock()
+def _pids(record: RegionRecord) -> memoryview:
+    """Each slot's pid, read from the copy at once (a slot is a whole number of int32)."""
+    raw = memoryview(record).cast("B")[_SLOTS : _SLOTS + MAX_SLOTS * ctypes.sizeof(SlotRecord)]
+    return raw.cast("i")[::_PID_STRIDE]

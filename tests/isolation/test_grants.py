@@ -1,0 +1,164 @@
+"""The agent holds a container to its grant (what the node decided, found by the grant in
+its processes' mounts), not to what any of its processes' environments say."""
+
+import logging
+from pathlib import Path
+
+from gpushare import environment
+from gpushare import grant as grants
+from gpushare.environment import ContainerLimits
+from gpushare.grant import Grant
+from gpushare.isolation.backends.port import GIB, GpuProcess
+from gpushare.isolation.backends.procfs import ProcessTable, parse_grant_mount
+from gpushare.isolation.grants import RETRY_S, GrantBook
+from gpushare.isolation.workload import group_containers
+
+GRANT_ID = "0123456789abcdef0123456789abcdef"
+CONTAINER_ID = "c" * 64
+
+
+def a_grant(grant_id: str = GRANT_ID, mem_gib: int = 1, core: int = 30) -> Grant:
+    limits = ContainerLimits(
+        pod="ml/granted",
+        container="main",
+        gpu_uuids=("GPU-0",),
+        gpu_indices=(0,),
+        mem_gib=(mem_gib,),
+        dev_mem_gib=(16,),
+        core_percent=(core,),
+    )
+    return grants.grant_for(grant_id, "uid-1", limits, "/run/gpushare/cuda-region")
+
+
+def write(directory: Path, grant: Grant) -> Path:
+    folder = directory / "grants" / grant.id
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "grant").write_bytes(grants.encode(grant))
+    return folder / "grant"
+
+
+def mountinfo(root: str, mount_point: str = environment.GRANT_IN_CONTAINER) -> str:
+    return (
+        "22 1 0:21 / / rw,relatime - overlay overlay rw\n"
+        f"31 22 8:1 {root} {mount_point} ro,relatime - ext4 /dev/sda1 rw\n"
+        "32 22 0:5 / /dev rw - tmpfs tmpfs rw\n"
+    )
+
+
+def test_the_grant_of_a_process_is_read_from_its_mounts():
+    root = f"/var/lib/gpushare/interposer/grants/{GRANT_ID}/grant"
+    assert parse_grant_mount(mountinfo(root)) == GRANT_ID
+    # mountinfo escapes spaces in paths as octal
+    escaped = f"/var/lib/my\\040node/grants/{GRANT_ID}/grant"
+    assert parse_grant_mount(mountinfo(escaped)) == GRANT_ID
+
+
+def test_only_the_grant_mount_point_and_a_grant_source_count():
+    root = f"/var/lib/gpushare/interposer/grants/{GRANT_ID}/grant"
+    assert parse_grant_mount(mountinfo(root, mount_point="/etc/other")) == ""
+    assert parse_grant_mount(mountinfo("/home/tenant/grant")) == ""
+    assert parse_grant_mount(mountinfo(f"/x/grants/{GRANT_ID[:-1]}/grant")) == ""
+    assert parse_grant_mount("") == ""
+
+
+def test_the_process_table_reads_a_grant_once_per_process(tmp_path):
+    proc = tmp_path / "proc"
+    (proc / "7").mkdir(parents=True)
+    info = proc / "7" / "mountinfo"
+    info.write_text(mountinfo(f"/n/grants/{GRANT_ID}/grant"))
+    table = ProcessTable(proc)
+    assert table.grant(7) == GRANT_ID
+    info.write_text(mountinfo("/elsewhere"))
+    assert table.grant(7) == GRANT_ID  # a process's mounts do not change under it
+    table.forget(set())
+    assert table.grant(7) == ""
+    assert table.grant(8) == ""  # gone
+
+
+def test_the_book_reads_a_grant_once_and_retries_one_it_could_not_read(tmp_path, caplog):
+    book = GrantBook(tmp_path)
+    assert book.get(GRANT_ID, now=0.0) is None
+    write(tmp_path, a_grant())
+    assert book.get(GRANT_ID, now=1.0) is None  # not asked again before RETRY_S
+    assert book.get(GRANT_ID, now=RETRY_S + 0.5) == a_grant()
+    (tmp_path / "grants" / GRANT_ID / "grant").unlink()
+    assert book.get(GRANT_ID, now=RETRY_S + 1) == a_grant()  # kept: grants never change
+    assert caplog.text.count("cannot be read") == 1
+    assert book.region_path(GRANT_ID) == tmp_path / "grants" / GRANT_ID / "region" / "cuda-region"
+
+
+def test_the_book_refuses_a_grant_filed_under_another_id_or_a_path(tmp_path, caplog):
+    other = "f" * 32
+    path = write(tmp_path, a_grant())
+    (tmp_path / "grants" / other).mkdir()
+    (tmp_path / "grants" / other / "grant").write_bytes(path.read_bytes())
+    book = GrantBook(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        assert book.get(other, now=0.0) is None
+    assert f"it says it is grant {GRANT_ID}" in caplog.text
+    assert book.get("../../etc", now=0.0) is None
+
+
+def process(pid: int, mem_gib: float, environ: dict[str, str], grant_id: str = "") -> GpuProcess:
+    return GpuProcess(
+        pid, 0, int(mem_gib * GIB), 10.0, CONTAINER_ID, "uid-1", environ, grant_id=grant_id
+    )
+
+
+def contract_env(cap_gib: int) -> dict[str, str]:
+    return {
+        environment.MEM_CONTAINER: str(cap_gib),
+        environment.MEM_IDX: "0",
+        environment.POD: "ml/granted",
+        environment.CONTAINER: "main",
+    }
+
+
+def test_every_process_of_a_granted_container_is_held_to_the_grant():
+    book = {GRANT_ID: a_grant(mem_gib=1, core=30)}
+    members = [
+        process(1, 0.5, contract_env(1), GRANT_ID),
+        process(2, 2.0, {}, GRANT_ID),  # a child started with an empty environment
+        process(3, 0.5, contract_env(1000), GRANT_ID),  # one that gave itself a cap
+    ]
+
+    containers, unreadable = group_containers(members, grants=book.get)
+
+    [container] = containers.values()
+    assert unreadable == []
+    assert container.granted and container.grant_id == GRANT_ID
+    assert container.cap_bytes(0) == GIB
+    assert container.core_percent(0) == 30
+    assert container.mem_used(0) == 3 * GIB
+    assert [p.pid for p in container.processes] == [1, 2, 3]
+
+
+def test_a_forged_environment_first_in_line_does_not_choose_the_cap():
+    book = {GRANT_ID: a_grant(mem_gib=1)}
+    forged_first = [process(3, 0.5, contract_env(1000), GRANT_ID), process(1, 0.5, {}, GRANT_ID)]
+    [container] = group_containers(forged_first, grants=book.get)[0].values()
+    assert container.cap_bytes(0) == GIB
+
+
+def test_without_a_readable_grant_the_environment_of_the_contract_holds():
+    members = [process(2, 2.0, {}, GRANT_ID), process(1, 0.5, contract_env(4), GRANT_ID)]
+    [container] = group_containers(members, grants=lambda _id: None)[0].values()
+    assert not container.granted and container.grant_id == GRANT_ID
+    assert container.cap_bytes(0) == 4 * GIB
+
+
+def test_a_known_container_keeps_its_grant_until_another_is_found():
+    book = {GRANT_ID: a_grant(mem_gib=1)}
+    first, _ = group_containers([process(1, 0.5, {}, GRANT_ID)], grants=book.get)
+    asked: list[str] = []
+
+    def lookup(grant_id: str) -> Grant | None:
+        asked.append(grant_id)
+        return book.get(grant_id)
+
+    again, _ = group_containers([process(1, 0.5, {}, GRANT_ID)], first, grants=lookup)
+    assert asked == [] and again[CONTAINER_ID].limits == first[CONTAINER_ID].limits
+    other = "e" * 32
+    book[other] = a_grant(other, mem_gib=3)
+    moved, _ = group_containers([process(1, 0.5, {}, other)], again, grants=lookup)
+    assert asked == [other] and moved[CONTAINER_ID].cap_bytes(0) == 3 * GIB

@@ -179,6 +179,8 @@ def test_isolation_agent_sees_host_proc_cgroups_and_the_control_tree_but_no_api(
         "--cgroup-root": "/host/sys/fs/cgroup",
         "--metrics-port": "9402",
         "--memory-action": "kill",
+        "--backstop-slack-per-process-mib": "512",
+        "--backstop-slack-max-mib": "2048",
         "--interposer-dir": "/var/lib/gpushare/interposer",
     }
     mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
@@ -1438,7 +1440,7 @@ CONTRACT_FLAGS = {
         "gpushare.isolation.main",
         {"--node-name", "--backend", "--mock-gpus", "--gpu-memory-rounding", "--control-dir",
          "--proc-root", "--cgroup-root", "--metrics-port", "--memory-action", "--log-level",
-         "--interposer-dir"},
+         "--interposer-dir", "--backstop-slack-per-process-mib", "--backstop-slack-max-mib"},
     ),
 }  # fmt: skip
 

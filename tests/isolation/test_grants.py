@@ -11,7 +11,9 @@ from gpushare.grant import Grant
 from gpushare.isolation.backends.port import GIB, GpuProcess
 from gpushare.isolation.backends.procfs import ProcessTable, parse_grant_mount
 from gpushare.isolation.grants import RETRY_S, GrantBook
+from gpushare.isolation.pacing import RegionPacer
 from gpushare.isolation.workload import group_containers
+from tests.isolation.regions import make_region, slot_holder
 
 GRANT_ID = "0123456789abcdef0123456789abcdef"
 CONTAINER_ID = "c" * 64
@@ -162,3 +164,24 @@ def test_a_known_container_keeps_its_grant_until_another_is_found():
     book[other] = a_grant(other, mem_gib=3)
     moved, _ = group_containers([process(1, 0.5, {}, other)], again, grants=lookup)
     assert asked == [other] and moved[CONTAINER_ID].cap_bytes(0) == 3 * GIB
+
+
+def test_the_agent_finds_a_granted_containers_region_in_its_grants_folder(tmp_path):
+    """Not by pod UID and container name (two containers admitted in swapped order would
+    share those): by the grant in its mounts, even with no pod UID to go by."""
+    directory = tmp_path / "interposer"
+    write(directory, a_grant())
+    book = GrantBook(directory)
+    region = book.region_path(GRANT_ID)
+    region.parent.mkdir(parents=True)
+    make_region(region)
+    [container] = group_containers(
+        [GpuProcess(4242, 0, GIB // 2, 10.0, CONTAINER_ID, "", {}, ns_pid=7, grant_id=GRANT_ID)],
+        grants=lambda grant_id: book.get(grant_id, now=0.0),
+    )[0].values()
+    pacer = RegionPacer(directory, slice_s=0.1)
+    assert pacer.region_path(container) == region
+
+    with slot_holder(region, slot=0, pid=7):
+        assert pacer.paced({CONTAINER_ID: container}) == {CONTAINER_ID}
+    pacer.close()

@@ -161,8 +161,8 @@ class RegionPacer:
                 self._open.pop(key).close()  # unlinked and made anew: another file
                 region = None
             if region is None:
-                if not container.pod_uid:
-                    return None
+                if not container.pod_uid and not container.grant_id:
+                    return None  # no way to tell where its region would be
                 region = Region.open(path)
                 self._open[key] = region
             view = region.view()

@@ -132,7 +132,9 @@ def test_the_simulators_default_trace_ships_in_the_wheel(installed: Path):
 def test_the_wheel_carries_the_built_cuda_interposer_for_its_platform(wheel: zipfile.ZipFile):
     library = "gpushare/isolation/interposer/libgpushare-cuda.so"
     assert wheel.read(library)[:4] == b"\x7fELF"
-    assert "gpushare/isolation/interposer/hooks.def" in wheel.namelist()
+    # The headers too: the agent's region layout is read from region.h (layout.py).
+    for header in ("hooks.def", "region.h"):
+        assert f"gpushare/isolation/interposer/{header}" in wheel.namelist()
     name = Path(str(wheel.filename)).name
     assert name.startswith("kube_gpushare-") and name.endswith(
         f"-py3-none-linux_{os.uname().machine}.whl"

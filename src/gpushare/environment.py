@@ -26,6 +26,9 @@ CONTAINER: Final = "GPUSHARE_CONTAINER"
 CUDA_REGION: Final = "GPUSHARE_CUDA_REGION"
 """Ours: the path of the container's accounting region, a file every process of it that
 loads the CUDA interposer maps shared, and the isolation agent reads and writes."""
+CUDA_LOG: Final = "GPUSHARE_CUDA_LOG"
+"""Ours, set by the user: how much the CUDA interposer says on stderr, 0 (nothing) to 3
+(every decision); 1, its refusals, by default."""
 
 INTERPOSER_IN_CONTAINER: Final = "/usr/local/lib/gpushare/libgpushare-cuda.so"
 """Where Allocate mounts the CUDA interposer in a container, and the node's ld.so.preload
@@ -36,7 +39,7 @@ REGION_FILE: Final = "cuda-region"
 """The region's file name in the accounting directory."""
 GRANT_IN_CONTAINER: Final = "/etc/gpushare/grant"
 """Where Allocate mounts the container's grant (read-only): what the node decided for it
-(gpushare.grant). The interposer is built to read it there (grant.c GS_GRANT_PATH)."""
+(gpushare.grant). The interposer is built to read it there (its build's GS_GRANT_PATH)."""
 
 DEFAULT_WEIGHT: Final = 1
 

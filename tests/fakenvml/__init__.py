@@ -68,6 +68,8 @@ class FakeGpu:
     """/dev/nvidiaN; None: its index."""
     used_bytes: int | None = None
     """None: the sum of its processes' memory."""
+    reserved_bytes: int = 0
+    """What nvmlDeviceGetMemoryInfo_v2 says the driver keeps (the first form does not say)."""
     utilization: int = 0
     retired_pages_pending: bool = False
     retired_pages: tuple[int, int] = (0, 0)
@@ -83,6 +85,7 @@ class FakeGpu:
         optional = {
             "minor": self.minor,
             "used": self.used_bytes,
+            "reserved": self.reserved_bytes or None,
             "util": self.utilization,
             "retired_sbe": self.retired_pages[0],
             "retired_dbe": self.retired_pages[1],

@@ -15,12 +15,14 @@
  *   fail nvmlDeviceGetRemappedRows NOT_SUPPORTED [gpu=1]
  *                                          that function fails (on every GPU, or one);
  *                                          a trailing _vN of the name is ignored
- *   gpu uuid=GPU-... minor=0 total=BYTES [used=BYTES] [util=PCT] [memutil=PCT]
+ *   gpu uuid=GPU-... minor=0 total=BYTES [used=BYTES] [reserved=BYTES] [util=PCT] [memutil=PCT]
  *       [retired_sbe=N] [retired_dbe=N] [retired_pending=0|1]
  *       [remapped=CORRECTED,UNCORRECTED,PENDING,FAILURE]
  *       [ecc_corrected=N] [ecc_uncorrected=N] [events=MASK] name=NAME TO END OF LINE
  *                                          one GPU; the index is its order among gpu lines.
- *                                          used defaults to the sum of its processes
+ *                                          used defaults to the sum of its processes;
+ *                                          reserved (0) is what _v2 of the memory info
+ *                                          reports the driver keeps
  *   process gpu=0 pid=PID used=BYTES|- [sm=PCT|-]
  *                                          a compute process; used=- is "not available",
  *                                          sm=- gives no utilisation samples. A PID that does
@@ -72,6 +74,11 @@ typedef struct {
 } nvmlMemory_t;
 
 typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+
+typedef struct {
     unsigned int gpu, memory;
 } nvmlUtilization_t;
 
@@ -108,7 +115,7 @@ typedef struct {
     char uuid[TEXT], name[TEXT];
     unsigned int minor, util, memutil, retired_sbe, retired_dbe, retired_pending;
     unsigned int remapped[4];
-    unsigned long long total, used, ecc_corrected, ecc_uncorrected, events;
+    unsigned long long total, used, reserved, ecc_corrected, ecc_uncorrected, events;
     int used_given;
 } Gpu;
 
@@ -276,6 +283,7 @@ static void parse_gpu(const char *path, int line_no, const char *line, World *in
     snprintf(gpu->name, sizeof gpu->name, "%s", name ? name + 6 : "Fake GPU");
     number_field(path, line_no, line, "total", &gpu->total);
     gpu->used_given = number_field(path, line_no, line, "used", &gpu->used);
+    number_field(path, line_no, line, "reserved", &gpu->reserved);
     if (number_field(path, line_no, line, "minor", &value)) gpu->minor = (unsigned int)value;
     if (number_field(path, line_no, line, "util", &value)) gpu->util = (unsigned int)value;
     if (number_field(path, line_no, line, "memutil", &value)) gpu->memutil = (unsigned int)value;
@@ -642,23 +650,44 @@ EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *
     return finish(ret);
 }
 
+/* What the GPU's memory holds: the world's used=, else the sum of its processes'. */
+static unsigned long long used_of(const Gpu *gpu) {
+    if (gpu->used_given) return gpu->used;
+    const Process *found[MAX_PROCESSES];
+    int n = processes_of(current_gpu, found);
+    unsigned long long used = 0;
+    for (int i = 0; i < n; i++)
+        if (found[i]->used != NVML_VALUE_NOT_AVAILABLE) used += found[i]->used;
+    return used;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     Gpu *gpu;
     nvmlReturn_t ret = begin_device(__func__, device, &gpu);
     if (ret == NVML_SUCCESS && !memory) ret = NVML_ERROR_INVALID_ARGUMENT;
     if (ret == NVML_SUCCESS) {
-        unsigned long long used = gpu->used;
-        if (!gpu->used_given) {
-            const Process *found[MAX_PROCESSES];
-            int n = processes_of(current_gpu, found);
-            used = 0;
-            for (int i = 0; i < n; i++)
-                if (found[i]->used != NVML_VALUE_NOT_AVAILABLE) used += found[i]->used;
-        }
+        unsigned long long used = used_of(gpu);
         if (used > gpu->total) used = gpu->total;
         memory->total = gpu->total;
         memory->used = used;
         memory->free = gpu->total - used;
+    }
+    return finish(ret);
+}
+
+/* As the driver's since 510: the reserved memory apart, total = reserved + used + free. */
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    Gpu *gpu;
+    nvmlReturn_t ret = begin_device(__func__, device, &gpu);
+    if (ret == NVML_SUCCESS && !memory) ret = NVML_ERROR_INVALID_ARGUMENT;
+    if (ret == NVML_SUCCESS) {
+        unsigned long long reserved = gpu->reserved < gpu->total ? gpu->reserved : gpu->total;
+        unsigned long long used = used_of(gpu);
+        if (used > gpu->total - reserved) used = gpu->total - reserved;
+        memory->total = gpu->total;
+        memory->reserved = reserved;
+        memory->used = used;
+        memory->free = gpu->total - reserved - used;
     }
     return finish(ret);
 }

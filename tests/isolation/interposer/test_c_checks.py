@@ -74,13 +74,14 @@ would fault there. They are built without it; everything else with it."""
 
 @cache
 def sanitized_library(directory: Path) -> Path:
-    """libgpushare-cuda.so from build.SOURCES with build.FLAGS and the sanitizers."""
+    """libgpushare-cuda.so from build.SOURCES with build.FLAGS, build.defines() and the
+    sanitizers."""
     out = directory / "sanitized"
     out.mkdir(parents=True, exist_ok=True)
     objects = []
     for name in interposer.SOURCES:
         target = out / f"{name}.o"
-        flags = [f for f in interposer.FLAGS if f != "-shared"]
+        flags = [f for f in interposer.FLAGS if f != "-shared"] + interposer.defines()
         if name not in UNSANITIZED:
             flags += SANITIZE
         _run([*interposer.compiler(), *flags, "-c", "-o", str(target),
@@ -186,6 +187,7 @@ def test_clang_tidy_finds_nothing_in_the_interposer(source: str):
         str(interposer.SOURCE_DIRECTORY / source),
         "--",
         "-D_GNU_SOURCE",
+        *interposer.defines(),
         f"-I{interposer.SOURCE_DIRECTORY}",
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)

@@ -1,8 +1,10 @@
 """cuMemGetInfo and NVML show the container its share: total = min(cap, physical),
 used = what the container holds, free = the rest and never below zero."""
 
+import time
 from pathlib import Path
 
+from gpushare.isolation.interposer.region import Region
 from tests.fakecuda import CUDA_PRELUDE, GIB, MIB, Container, uuid
 from tests.fakenvml import FakeGpu, World, fake_nvml_or_skip, write_world
 
@@ -55,6 +57,51 @@ def test_free_is_zero_not_wrapped_when_the_container_uses_more_than_the_device_s
     assert info(lines) == ("0", 2 * GIB, 0)
 
 
+WATCHER = (
+    CUDA_PRELUDE
+    + """
+import sys
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+for _ in sys.stdin:
+    check(cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)))
+    print(free.value, flush=True)
+"""
+)
+
+
+def test_a_killed_processs_memory_shows_free_again_within_the_reap_interval(
+    container: Container,
+) -> None:
+    holder = container.start_python(HOLDER, str(512 * MIB))
+    watcher = container.start_python(WATCHER)
+    assert holder.stdout is not None and watcher.stdin is not None and watcher.stdout is not None
+
+    def free_now() -> int:
+        watcher.stdin.write("\n")
+        watcher.stdin.flush()
+        return int(watcher.stdout.readline())
+
+    try:
+        assert holder.stdout.readline().strip() == "0"
+        assert free_now() == 512 * MIB
+        holder.kill()  # no destructor runs: its slot keeps the 512 MiB until reaped
+        holder.wait()
+        killed = time.monotonic()
+        while free_now() != GIB and time.monotonic() - killed < 5:
+            time.sleep(0.01)
+        took = time.monotonic() - killed
+        assert container.region is not None
+        with Region.open(container.region) as region:
+            dead = region.dead()  # the watcher reaped the holder's slot, not only hid it
+    finally:
+        holder.kill()
+        watcher.kill()
+        watcher.wait()
+
+    assert took < 1.0  # 100 ms in the library; the rest is slack for a slow host
+    assert dead == []
+
+
 def test_null_arguments_are_invalid_values_not_crashes(container: Container) -> None:
     assert info(container.probe("getproc", "init", "0", "info_null"), "info_null")[0] == "1"
     container.region = None
@@ -83,19 +130,23 @@ for index in range(count.value):
     first, second = Memory(), MemoryV2(version=(2 << 24) | sizeof(MemoryV2))
     check(loaded.nvmlDeviceGetMemoryInfo(handle, byref(first)))
     check(linked.nvmlDeviceGetMemoryInfo_v2(handle, byref(second)))
-    print(index, first.total, first.used, first.free, second.total, second.used, second.free)
+    print(index, first.total, first.used, first.free,
+          second.total, second.reserved, second.used, second.free)
 print("null", loaded.nvmlDeviceGetMemoryInfo(handle, None),
       linked.nvmlDeviceGetMemoryInfo_v2(handle, None))
 """
 )
 
 
-def nvml_container(container: Container, tmp_path: Path, nvml_order: list[str]) -> Container:
+def nvml_container(
+    container: Container, tmp_path: Path, nvml_order: list[str], reserved: int = 0
+) -> Container:
     """The container's processes also find the fake libnvidia-ml, answering for GPUs in
-    `nvml_order` (8 GiB each)."""
+    `nvml_order` (8 GiB each, `reserved` of it kept by the driver)."""
     library = fake_nvml_or_skip()
     world = tmp_path / "nvml-world"
-    write_world(world, World([FakeGpu(u, total_bytes=8 * GIB) for u in nvml_order]))
+    gpus = [FakeGpu(u, total_bytes=8 * GIB, reserved_bytes=reserved) for u in nvml_order]
+    write_world(world, World(gpus))
     container.extra = {
         "FAKE_NVML_CONFIG": str(world),
         "LD_LIBRARY_PATH": f"{container.built.directory}:{library.parent}",
@@ -114,8 +165,8 @@ def test_nvml_shows_each_gpu_its_cap_and_the_containers_use(
     out = container.python(NVML, str(256 * MIB)).stdout.splitlines()
 
     assert out == [
-        f"0 {2 * GIB} 0 {2 * GIB} {2 * GIB} 0 {2 * GIB}",
-        f"1 {GIB} {256 * MIB} {768 * MIB} {GIB} {256 * MIB} {768 * MIB}",
+        f"0 {2 * GIB} 0 {2 * GIB} {2 * GIB} 0 0 {2 * GIB}",
+        f"1 {GIB} {256 * MIB} {768 * MIB} {GIB} 0 {256 * MIB} {768 * MIB}",
         "null 2 2",
     ]
 
@@ -126,4 +177,29 @@ def test_nvml_is_untouched_without_a_region(container: Container, tmp_path: Path
 
     out = container.python(NVML, str(256 * MIB)).stdout.splitlines()
 
-    assert out[0] == f"0 {8 * GIB} 0 {8 * GIB} {8 * GIB} 0 {8 * GIB}"
+    assert out[0] == f"0 {8 * GIB} 0 {8 * GIB} {8 * GIB} 0 0 {8 * GIB}"
+
+
+def test_nvml_v2_adds_up_under_the_cap_with_what_the_driver_reserves(
+    container: Container, tmp_path: Path
+) -> None:
+    # 300 MiB reserved by the driver, 300 MiB held by the container, a 1 GiB cap:
+    # total = reserved + used + free, as the driver's own numbers are.
+    nvml_container(container, tmp_path, [uuid(0)], reserved=300 * MIB)
+
+    out = container.python(NVML, str(300 * MIB)).stdout.splitlines()
+
+    v1_total, v1_used, v1_free, total, reserved, used, free = map(int, out[0].split()[1:])
+    assert (v1_total, v1_used, v1_free) == (GIB, 300 * MIB, 724 * MIB)  # as before
+    assert (total, reserved, used, free) == (GIB, 300 * MIB, 300 * MIB, 424 * MIB)
+    assert reserved + used + free == total
+
+
+def test_nvml_v2_never_goes_negative_when_the_reserve_outgrows_the_cap(
+    container: Container, tmp_path: Path
+) -> None:
+    nvml_container(container, tmp_path, [uuid(0)], reserved=2 * GIB)
+
+    out = container.python(NVML, str(300 * MIB)).stdout.splitlines()
+
+    assert out[0].split()[4:] == [str(GIB), str(GIB), "0", "0"]

@@ -27,11 +27,9 @@ def test_every_cuda_name_in_the_table_is_a_driver_export(built: FakeCuda) -> Non
     assert set(table["CUDA_HOOK"] + table["CUDA_REAL"]) <= dynamic_exports(built.driver)
 
 
-def test_every_nvml_name_in_the_table_is_a_driver_export_but_the_newer_memory_info() -> None:
-    # tests/fakenvml predates nvmlDeviceGetMemoryInfo_v2 (the real libnvidia-ml has had it
-    # since 510); the hook falls back to the first form there (test_memory_view).
+def test_every_nvml_name_in_the_table_is_a_driver_export() -> None:
     table = hook_table()
-    names = set(table["NVML_HOOK"] + table["NVML_REAL"]) - {"nvmlDeviceGetMemoryInfo_v2"}
+    names = set(table["NVML_HOOK"] + table["NVML_REAL"])
 
     assert names <= dynamic_exports(fake_nvml_or_skip())
 

@@ -139,8 +139,8 @@ def test_the_build_that_reads_a_test_grant_is_a_library_of_its_own(built: FakeCu
     # Same directory, other name and stamp: neither build overwrites or reuses the other.
     assert built.granted_interposer.name != built.interposer.name == build.LIBRARY_NAME
     assert build.source_digest(str(built.grant_path)) != build.source_digest()
-    with pytest.raises(ValueError, match="plain absolute path"):
-        build.grant_define('/tmp/a"b')
+    with pytest.raises(ValueError, match="plain text"):
+        build.defines('/tmp/a"b')
 
 
 def grant_for(container: Container, grant: Path, mem_bytes: list[int], **more: str) -> None:

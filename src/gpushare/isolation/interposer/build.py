@@ -7,9 +7,12 @@ is skipped when the library there was built from the same sources (a SHA-256 sta
 
 Tests build a second variant that reads its grant from a path of theirs
 (`build_library(directory, grant_path=...)`); it gets a file name of its own, so the two
-never overwrite each other. The production library reads /etc/gpushare/grant.
+never overwrite each other. The production library reads gpushare.environment's
+GRANT_IN_CONTAINER, and the environment variables named there: `defines()` hands them to
+the compiler, so every build (this one, the tests' sanitizer build, clang-tidy) uses it.
 """
 
+import ast
 import hashlib
 import importlib.util
 import os
@@ -22,7 +25,10 @@ from typing import Final
 SOURCE_DIRECTORY: Final = Path(__file__).parent
 LIBRARY_NAME: Final = "libgpushare-cuda.so"
 SOURCES: Final = (
-    "init.c",
+    "config.c",
+    "resolve.c",
+    "log.c",
+    "devices.c",
     "grant.c",
     "region.c",
     "memory.c",
@@ -66,25 +72,60 @@ def compiler() -> list[str]:
     )
 
 
+ENVIRONMENT_SOURCE: Final = SOURCE_DIRECTORY.parents[1] / "environment.py"
+ENVIRONMENT_DEFINES: Final = {
+    "GS_ENV_MEM_CONTAINER": "MEM_CONTAINER",
+    "GS_ENV_VISIBLE_DEVICES": "NVIDIA_VISIBLE_DEVICES",
+    "GS_ENV_REGION": "CUDA_REGION",
+    "GS_ENV_LOG": "CUDA_LOG",
+    "GS_GRANT_PATH": "GRANT_IN_CONTAINER",
+}
+"""The C macro for each name gpushare.environment defines (the variables the library reads
+and where its grant is): the C spells none of them itself."""
+
+
+def environment_names() -> dict[str, str]:
+    """gpushare.environment's string constants, read from its source rather than imported:
+    setup.py builds the library before the package's dependencies are installed."""
+    tree = ast.parse(ENVIRONMENT_SOURCE.read_text())
+    names = {}
+    for statement in tree.body:
+        if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+            value = statement.value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                names[statement.target.id] = value.value
+    return names
+
+
+def defines(grant_path: str | None = None) -> list[str]:
+    """The -D flags every compilation of the sources needs: the environment's names, and
+    the grant's path (`grant_path`, for a test variant, else the container's)."""
+    names = environment_names()
+    values = {macro: names[constant] for macro, constant in ENVIRONMENT_DEFINES.items()}
+    if grant_path is not None:
+        if not grant_path.startswith("/"):
+            raise ValueError(f"grant path {grant_path!r} is not an absolute path")
+        values["GS_GRANT_PATH"] = grant_path
+    return [f"-D{macro}={_c_string(value)}" for macro, value in values.items()]
+
+
+def _c_string(text: str) -> str:
+    """`text` as a C string literal; it must need no escaping."""
+    if not text.isprintable() or any(c in text for c in '"\\'):
+        raise ValueError(f"{text!r} is not plain text a C string can carry as it is")
+    return f'"{text}"'
+
+
 def source_digest(grant_path: str | None = None) -> str:
-    """SHA-256 over every source and header, in a fixed order, and the grant path the
-    variant is built with."""
+    """SHA-256 over every source and header, in a fixed order, and the defines the variant
+    is built with."""
     digest = hashlib.sha256()
     for name in (*SOURCES, *HEADERS):
         digest.update(name.encode())
         digest.update((SOURCE_DIRECTORY / name).read_bytes())
-    if grant_path is not None:
-        digest.update(b"GS_GRANT_PATH=" + grant_path.encode())
+    for define in defines(grant_path):
+        digest.update(define.encode() + b"\0")
     return digest.hexdigest()
-
-
-def grant_define(grant_path: str) -> str:
-    """The -D flag that makes the library read its grant at `grant_path` (an absolute
-    path, quoted as a C string, so nothing in it may need escaping)."""
-    plain = grant_path.isprintable() and not any(c in grant_path for c in '"\\')
-    if not grant_path.startswith("/") or not plain:
-        raise ValueError(f"grant path {grant_path!r} is not a plain absolute path")
-    return f'-DGS_GRANT_PATH="{grant_path}"'
 
 
 def library_name(grant_path: str | None = None) -> str:
@@ -109,7 +150,7 @@ def build_library(directory: Path, *, grant_path: str | None = None) -> Path:
     command = [
         *compiler(),
         *FLAGS,
-        *([grant_define(grant_path)] if grant_path is not None else []),
+        *defines(grant_path),
         "-o",
         str(partial),
         *(str(SOURCE_DIRECTORY / name) for name in SOURCES),

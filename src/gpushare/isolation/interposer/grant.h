@@ -12,8 +12,9 @@
 
 #include "region.h"
 
+/* gpushare.environment's GRANT_IN_CONTAINER, or a test's path: build.py hands it over. */
 #ifndef GS_GRANT_PATH
-#define GS_GRANT_PATH "/etc/gpushare/grant"
+#error "build with build.defines(): the grant's path comes from gpushare.environment"
 #endif
 
 #define GS_PATH_BYTES 4096

@@ -1,6 +1,7 @@
 /*
  * What the parts of libgpushare-cuda.so share: the hooked prototypes and real-function
- * pointers generated from hooks.def, lazy initialisation, logging, the device map.
+ * pointers generated from hooks.def (resolve.c), lazy initialisation (config.c), logging
+ * and the clock (log.c), the device map (devices.c).
  */
 #ifndef GPUSHARE_HOOKS_H
 #define GPUSHARE_HOOKS_H
@@ -30,6 +31,12 @@
     extern name##_fn real_##name;
 #include "hooks.def"
 
+/* Calls the real function, or answers as a driver without it would: the one way a hook
+ * reaches the driver. */
+#define GS_CALL_CUDA(name, ...) (real_##name ? real_##name(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND)
+#define GS_CALL_NVML(name, ...) \
+    (real_##name ? real_##name(__VA_ARGS__) : NVML_ERROR_FUNCTION_NOT_FOUND)
+
 enum gs_family { GS_CUDA, GS_NVML };
 
 struct gs_symbol {
@@ -40,6 +47,8 @@ struct gs_symbol {
 };
 extern const struct gs_symbol gs_symbols[];
 extern const int gs_symbol_count;
+/* Finds the family's real functions in its driver library, once. */
+void gs_resolve(enum gs_family family);
 
 /* Process state, set once by gs_enter()'s initialisation. */
 struct gs_state {
@@ -61,6 +70,11 @@ void gs_enter_nvml(void);
 
 void gs_log(int level, const char *format, ...) __attribute__((format(printf, 2, 3)));
 
+struct gs_config;
+/* The container's GPUs the device map answers with, copied once before gs.active is set. */
+void gs_devices_map(const struct gs_config *config);
+/* Whether the container's GPUs are named by UUID (else by ordinal). */
+int gs_devices_by_uuid(void);
 /* The region GPU index of a CUDA device / NVML handle, or -1: not one of the container's
  * (allocations on it are refused) or nothing is enforced. */
 int gs_gpu_of_device(CUdevice device);

@@ -92,7 +92,7 @@ static void gate(void) {
 #define LAUNCH(name, ...)                                                      \
     do {                                                                       \
         gate();                                                                \
-        return real_##name ? real_##name(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND;  \
+        return GS_CALL_CUDA(name, __VA_ARGS__);                                \
     } while (0)
 
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,

@@ -4,8 +4,6 @@
  * if the driver fails, and remembers what each pointer or handle holds so its free
  * returns exactly that.
  */
-#define _GNU_SOURCE
-#include <stdio.h>
 #include <stdlib.h>
 
 #include "hooks.h"
@@ -180,7 +178,7 @@ static CUresult context_gpu(int *gpu) {
 static int capping(void) { return gs.active || gs.refusing != NULL; }
 
 /* Reserve before the driver; CUDA_SUCCESS lets the call go on. A process that fails
- * closed, or a GPU that is not the container's, is refused (init.c said why, once). */
+ * closed, or a GPU that is not the container's, is refused (config.c or devices.c said why, once). */
 static CUresult admit(int gpu, uint64_t bytes) {
     if (gs.refusing != NULL || gpu < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -245,9 +243,8 @@ static void release(enum kind kind, uint64_t key, CUresult rc) {
 /* What the driver says `pool` holds now; UINT64_MAX when it cannot say. */
 static uint64_t pool_reserved(uint64_t pool) {
     cuuint64_t value;
-    if (real_cuMemPoolGetAttribute == NULL ||
-        real_cuMemPoolGetAttribute((CUmemoryPool)(uintptr_t)pool,
-                                   CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &value) != CUDA_SUCCESS)
+    if (GS_CALL_CUDA(cuMemPoolGetAttribute, (CUmemoryPool)(uintptr_t)pool,
+                     CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &value) != CUDA_SUCCESS)
         return UINT64_MAX;
     return value;
 }
@@ -300,21 +297,19 @@ static uint64_t room(int gpu, uint64_t bytes) {
     return bytes;
 }
 
-#define CALL_REAL(name, ...) (real_##name ? real_##name(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND)
-
 /* Allocations on the calling thread's device: cuMemAlloc*, cuMemAllocAsync*. */
 #define CONTEXT_ALLOCATION(name, kind, key, bytes, ...)                      \
     do {                                                                     \
         gs_enter_cuda();                                                     \
         if (!capping())                                                      \
-            return CALL_REAL(name, __VA_ARGS__);                             \
+            return GS_CALL_CUDA(name, __VA_ARGS__);                             \
         int gpu;                                                             \
         CUresult rc = context_gpu(&gpu);                                     \
         if (rc == CUDA_SUCCESS)                                              \
             rc = admit(gpu, room(gpu, bytes));                               \
         if (rc != CUDA_SUCCESS)                                              \
             return rc;                                                       \
-        rc = CALL_REAL(name, __VA_ARGS__);                                   \
+        rc = GS_CALL_CUDA(name, __VA_ARGS__);                                   \
         return settle(rc, kind, rc == CUDA_SUCCESS ? (key) : 0, gpu, bytes); \
     } while (0)
 
@@ -373,12 +368,10 @@ static uint64_t pool_books_for(uint64_t pool, int gpu) {
 static CUresult device_of_pool(CUmemoryPool pool, CUdevice *device) {
     int count = 0;
     CUmemoryPool p;
-    if (real_cuDeviceGetCount && real_cuDeviceGetCount(&count) == CUDA_SUCCESS)
+    if (GS_CALL_CUDA(cuDeviceGetCount, &count) == CUDA_SUCCESS)
         for (CUdevice d = 0; d < count; d++)
-            if ((real_cuDeviceGetDefaultMemPool &&
-                 real_cuDeviceGetDefaultMemPool(&p, d) == CUDA_SUCCESS && p == pool) ||
-                (real_cuDeviceGetMemPool && real_cuDeviceGetMemPool(&p, d) == CUDA_SUCCESS &&
-                 p == pool))
+            if ((GS_CALL_CUDA(cuDeviceGetDefaultMemPool, &p, d) == CUDA_SUCCESS && p == pool) ||
+                (GS_CALL_CUDA(cuDeviceGetMemPool, &p, d) == CUDA_SUCCESS && p == pool))
                 return *device = d, CUDA_SUCCESS;
     return gs_current_device(device);
 }
@@ -411,7 +404,7 @@ static CUresult context_pool(uint64_t *pool, int *gpu) {
         return rc;
     *gpu = gs_gpu_of_device(device);
     CUmemoryPool handle = NULL;
-    if (real_cuDeviceGetMemPool == NULL || real_cuDeviceGetMemPool(&handle, device) != 0)
+    if (GS_CALL_CUDA(cuDeviceGetMemPool, &handle, device) != CUDA_SUCCESS)
         handle = NULL;
     *pool = pool_books_for((uint64_t)(uintptr_t)handle, *gpu);
     return CUDA_SUCCESS;
@@ -422,14 +415,14 @@ static CUresult context_pool(uint64_t *pool, int *gpu) {
     do {                                                                              \
         gs_enter_cuda();                                                              \
         if (!capping())                                                               \
-            return CALL_REAL(name, __VA_ARGS__);                                      \
+            return GS_CALL_CUDA(name, __VA_ARGS__);                                      \
         uint64_t pool_key;                                                            \
         int gpu;                                                                      \
         CUresult rc = which_pool;                                                     \
         if (rc != CUDA_SUCCESS)                                                       \
             return rc;                                                                \
         if (gpu == HOST_POOL)                                                         \
-            return CALL_REAL(name, __VA_ARGS__);                                      \
+            return GS_CALL_CUDA(name, __VA_ARGS__);                                      \
         if (gpu < 0)                                                                  \
             return admit(gpu, bytesize); /* refused: not the container's GPU */       \
         uint64_t taken = pool_key ? pool_claim(pool_key, bytesize) : 0;               \
@@ -440,7 +433,7 @@ static CUresult context_pool(uint64_t *pool, int *gpu) {
             pthread_mutex_unlock(&held_lock);                                         \
             return rc;                                                                \
         }                                                                             \
-        rc = CALL_REAL(name, __VA_ARGS__);                                            \
+        rc = GS_CALL_CUDA(name, __VA_ARGS__);                                            \
         uint64_t key = rc == CUDA_SUCCESS ? *dptr : 0;                                \
         return pool_key ? settle_pooled(rc, pool_key, key, gpu, bytesize, taken)        \
                         : settle(rc, POINTER, key, gpu, bytesize);                        \
@@ -487,14 +480,14 @@ static CUresult settle_pitch(CUresult rc, uint64_t key, int gpu, uint64_t reserv
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-static CUresult undo_v1(uint64_t p) { return CALL_REAL(cuMemFree, (CUdeviceptr_v1)p); }
-static CUresult undo_v2(uint64_t p) { return CALL_REAL(cuMemFree_v2, (CUdeviceptr)p); }
+static CUresult undo_v1(uint64_t p) { return GS_CALL_CUDA(cuMemFree, (CUdeviceptr_v1)p); }
+static CUresult undo_v2(uint64_t p) { return GS_CALL_CUDA(cuMemFree_v2, (CUdeviceptr)p); }
 
 #define PITCH_ALLOCATION(name, undo, ...)                                                  \
     do {                                                                                   \
         gs_enter_cuda();                                                                   \
         if (!capping())                                                                    \
-            return CALL_REAL(name, __VA_ARGS__);                                           \
+            return GS_CALL_CUDA(name, __VA_ARGS__);                                           \
         int gpu;                                                                           \
         uint64_t reserved = pitched(width, height);                                        \
         CUresult rc = context_gpu(&gpu);                                                   \
@@ -502,7 +495,7 @@ static CUresult undo_v2(uint64_t p) { return CALL_REAL(cuMemFree_v2, (CUdevicept
             rc = admit(gpu, room(gpu, reserved));                                          \
         if (rc != CUDA_SUCCESS)                                                            \
             return rc;                                                                     \
-        rc = CALL_REAL(name, __VA_ARGS__);                                                 \
+        rc = GS_CALL_CUDA(name, __VA_ARGS__);                                                 \
         return settle_pitch(rc, rc == CUDA_SUCCESS ? *dptr : 0, gpu, reserved,             \
                             rc == CUDA_SUCCESS ? (uint64_t)*pitch * height : 0, undo);     \
     } while (0)
@@ -523,12 +516,12 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags) {
     gs_enter_cuda();
     if (!capping() || prop == NULL || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return CALL_REAL(cuMemCreate, handle, size, prop, flags);
+        return GS_CALL_CUDA(cuMemCreate, handle, size, prop, flags);
     int gpu = gs_gpu_of_device(prop->location.id);
     CUresult rc = admit(gpu, room(gpu, size));
     if (rc != CUDA_SUCCESS)
         return rc;
-    rc = CALL_REAL(cuMemCreate, handle, size, prop, flags);
+    rc = GS_CALL_CUDA(cuMemCreate, handle, size, prop, flags);
     return settle(rc, HANDLE, rc == CUDA_SUCCESS ? *handle : 0, gpu, size);
 }
 
@@ -565,7 +558,7 @@ static uint64_t mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned level
     do {                                                                                 \
         gs_enter_cuda();                                                                 \
         if (!capping() || desc == NULL || out == NULL)                                   \
-            return CALL_REAL(name, __VA_ARGS__);                                         \
+            return GS_CALL_CUDA(name, __VA_ARGS__);                                         \
         int gpu;                                                                         \
         uint64_t bytes = bytes_of;                                                       \
         CUresult rc = context_gpu(&gpu);                                                 \
@@ -573,7 +566,7 @@ static uint64_t mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned level
             rc = admit(gpu, room(gpu, bytes));                                           \
         if (rc != CUDA_SUCCESS)                                                          \
             return rc;                                                                   \
-        rc = CALL_REAL(name, __VA_ARGS__);                                               \
+        rc = GS_CALL_CUDA(name, __VA_ARGS__);                                               \
         return settle(rc, kind, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*out : 0, gpu, \
                       bytes);                                                            \
     } while (0)
@@ -615,18 +608,18 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array,
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
     gs_enter_cuda();
     if (!capping())
-        return CALL_REAL(cuMemAllocManaged, dptr, bytesize, flags);
+        return GS_CALL_CUDA(cuMemAllocManaged, dptr, bytesize, flags);
     static int said;
     if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
-        fprintf(stderr, "gpushare-cuda: cuMemAllocManaged refused: unified memory cannot be "
-                        "capped under gpushare (CUDA_ERROR_NOT_SUPPORTED)\n");
+        gs_log(1, "cuMemAllocManaged refused: unified memory cannot be capped under gpushare "
+                  "(CUDA_ERROR_NOT_SUPPORTED)");
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 #define FREE(name, kind, key, ...)                         \
     do {                                                   \
         gs_enter_cuda();                                   \
-        CUresult rc = CALL_REAL(name, __VA_ARGS__);        \
+        CUresult rc = GS_CALL_CUDA(name, __VA_ARGS__);        \
         release(kind, (uint64_t)(key), rc);                \
         return rc;                                         \
     } while (0)
@@ -664,7 +657,7 @@ static void give_back(const uint64_t back[GS_MAX_GPUS]) {
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     gs_enter_cuda();
-    CUresult rc = CALL_REAL(cuMemRelease, handle);
+    CUresult rc = GS_CALL_CUDA(cuMemRelease, handle);
     if (rc != CUDA_SUCCESS || !capping())
         return rc;
     uint64_t back[GS_MAX_GPUS] = {0};
@@ -682,7 +675,7 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
 EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                          CUmemGenericAllocationHandle handle, unsigned long long flags) {
     gs_enter_cuda();
-    CUresult rc = CALL_REAL(cuMemMap, ptr, size, offset, handle, flags);
+    CUresult rc = GS_CALL_CUDA(cuMemMap, ptr, size, offset, handle, flags);
     if (rc != CUDA_SUCCESS || !capping())
         return rc;
     pthread_mutex_lock(&held_lock);
@@ -700,7 +693,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 /* The driver unmaps whole mappings only, so [ptr, ptr + size) is a run of them. */
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     gs_enter_cuda();
-    CUresult rc = CALL_REAL(cuMemUnmap, ptr, size);
+    CUresult rc = GS_CALL_CUDA(cuMemUnmap, ptr, size);
     if (rc != CUDA_SUCCESS || !capping())
         return rc;
     uint64_t back[GS_MAX_GPUS] = {0};
@@ -726,7 +719,7 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 /* The driver hands out the handle the memory was mapped with, one more to release. */
 EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
     gs_enter_cuda();
-    CUresult rc = CALL_REAL(cuMemRetainAllocationHandle, handle, addr);
+    CUresult rc = GS_CALL_CUDA(cuMemRetainAllocationHandle, handle, addr);
     if (rc != CUDA_SUCCESS || !capping() || handle == NULL)
         return rc;
     pthread_mutex_lock(&held_lock);
@@ -740,7 +733,7 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle
 /* Pools: a device pool is charged to its device, a host pool to none. */
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
     gs_enter_cuda();
-    CUresult rc = CALL_REAL(cuMemPoolCreate, pool, props);
+    CUresult rc = GS_CALL_CUDA(cuMemPoolCreate, pool, props);
     if (rc != CUDA_SUCCESS || !capping() || pool == NULL || props == NULL)
         return rc;
     int gpu = props->location.type == CU_MEM_LOCATION_TYPE_DEVICE
@@ -753,7 +746,7 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 /* What it keeps goes back now; what its allocations hold, as they are freed. */
 EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     gs_enter_cuda();
-    CUresult rc = CALL_REAL(cuMemPoolDestroy, pool);
+    CUresult rc = GS_CALL_CUDA(cuMemPoolDestroy, pool);
     if (rc != CUDA_SUCCESS || !capping())
         return rc;
     uint64_t back = 0;
@@ -774,7 +767,7 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
 
 EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t min_bytes_to_keep) {
     gs_enter_cuda();
-    CUresult rc = CALL_REAL(cuMemPoolTrimTo, pool, min_bytes_to_keep);
+    CUresult rc = GS_CALL_CUDA(cuMemPoolTrimTo, pool, min_bytes_to_keep);
     if (rc == CUDA_SUCCESS && capping())
         pool_settle((uint64_t)(uintptr_t)pool);
     return rc;
@@ -790,36 +783,32 @@ static CUresult synchronized(CUresult rc) {
 
 EXPORT CUresult cuCtxSynchronize(void) {
     gs_enter_cuda();
-    return synchronized(real_cuCtxSynchronize ? real_cuCtxSynchronize() : CUDA_ERROR_NOT_FOUND);
+    return synchronized(GS_CALL_CUDA(cuCtxSynchronize));
 }
 
 EXPORT CUresult cuStreamSynchronize(CUstream stream) {
     gs_enter_cuda();
-    return synchronized(CALL_REAL(cuStreamSynchronize, stream));
+    return synchronized(GS_CALL_CUDA(cuStreamSynchronize, stream));
 }
 
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) {
     gs_enter_cuda();
-    return synchronized(CALL_REAL(cuStreamSynchronize_ptsz, stream));
+    return synchronized(GS_CALL_CUDA(cuStreamSynchronize_ptsz, stream));
 }
 
-/* The container's view: total = min(cap, physical), used = what the container holds,
- * free = what is left of that, and never more than the device has free. */
+/* The container's share (gs_share_of), and free never more than the device has free. */
 static CUresult memory_view(uint64_t *free_bytes, uint64_t *total_bytes) {
     size_t free_now, total_now;
-    CUresult rc = CALL_REAL(cuMemGetInfo_v2, &free_now, &total_now);
+    CUresult rc = GS_CALL_CUDA(cuMemGetInfo_v2, &free_now, &total_now);
     if (rc != CUDA_SUCCESS)
         return rc;
     *free_bytes = free_now, *total_bytes = total_now;
     int gpu;
     if (!capping() || context_gpu(&gpu) != CUDA_SUCCESS || gpu < 0)
         return CUDA_SUCCESS;
-    const struct gs_gpu *g = &gs_region->gpus[gpu];
-    uint64_t cap = gs_cap(gpu);
-    uint64_t used = __atomic_load_n(&g->used_bytes, __ATOMIC_RELAXED);
-    uint64_t total = cap && cap < total_now ? cap : total_now;
-    uint64_t left = total > used ? total - used : 0;
-    *total_bytes = total;
+    struct gs_share share = gs_share_of(gpu, total_now);
+    uint64_t left = share.total > share.used ? share.total - share.used : 0;
+    *total_bytes = share.total;
     *free_bytes = left < free_now ? left : free_now;
     return CUDA_SUCCESS;
 }
@@ -840,7 +829,7 @@ EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes
     if (free_bytes == NULL || total_bytes == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     if (!capping())
-        return CALL_REAL(cuMemGetInfo, free_bytes, total_bytes);
+        return GS_CALL_CUDA(cuMemGetInfo, free_bytes, total_bytes);
     uint64_t f, t;
     CUresult rc = memory_view(&f, &t);
     if (rc == CUDA_SUCCESS) { /* the 32-bit form saturates, as the driver's does */

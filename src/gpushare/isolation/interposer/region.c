@@ -247,6 +247,47 @@ static int claim_slot_locked(void) {
     return -1;
 }
 
+/* Whether a slot other than this process's holds memory without a live owner. Read
+ * without the region's lock: reap_locked decides again under it. */
+static int holds_memory_of_the_dead(void) {
+    for (int s = 0; s < GS_MAX_SLOTS; s++) {
+        const struct gs_slot *slot = &gs_region->slots[s];
+        if (s == my_slot || __atomic_load_n(&slot->pid, __ATOMIC_RELAXED) == 0)
+            continue;
+        uint64_t held = 0;
+        for (unsigned g = 0; g < GS_MAX_GPUS; g++)
+            held |= __atomic_load_n(&slot->used[g], __ATOMIC_RELAXED);
+        if (held && lock_byte(region_fd, s, F_WRLCK, F_OFD_GETLK) == F_UNLCK)
+            return 1;
+    }
+    return 0;
+}
+
+static uint64_t reaped_at; /* CLOCK_MONOTONIC of this process's latest look */
+
+static void reap_if_due(void) {
+    uint64_t now = gs_now_ns(), last = __atomic_load_n(&reaped_at, __ATOMIC_RELAXED);
+    /* One thread looks; the others show what the region says now. */
+    if (now - last < GS_REAP_EVERY_NS ||
+        !__atomic_compare_exchange_n(&reaped_at, &last, now, 0, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED) ||
+        !holds_memory_of_the_dead())
+        return;
+    lock_region();
+    reap_locked();
+    unlock_region();
+}
+
+struct gs_share gs_share_of(int gpu, uint64_t physical) {
+    reap_if_due();
+    uint64_t limit = cap[gpu]; /* what this process enforces, not the region's word */
+    struct gs_share share = {
+        .total = limit && limit < physical ? limit : physical,
+        .used = __atomic_load_n(&gs_region->gpus[gpu].used_bytes, __ATOMIC_RELAXED),
+    };
+    return share;
+}
+
 int gs_region_attach(void) {
     lock_region();
     my_slot = claim_slot_locked();
@@ -311,7 +352,8 @@ void gs_unreserve(int gpu, uint64_t bytes) {
     unlock_region();
 }
 
-/* The layout, for region.py's check that its ctypes mirror matches this compiler's. */
+/* The layout as this compiler made it, for the test that the ctypes structures layout.py
+ * builds from region.h match it. */
 struct gs_layout_field {
     const char *name;
     uint64_t offset;

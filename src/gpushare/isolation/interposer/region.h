@@ -1,13 +1,16 @@
 /*
  * The region: one file per container, mmap'd MAP_SHARED by every process of it that
- * uses CUDA, and read/written by the node's isolation agent (region.py mirrors it).
+ * uses CUDA, and read/written by the node's isolation agent. The agent's ctypes view is
+ * built from this file (layout.py parses the structs and #defines below): keep to the
+ * forms it reads, and it follows any edit.
  *
  * Memory accounting is exact across processes: a process-shared robust mutex guards
  * the check of a request against the cap together with its reservation, and is held
  * for nothing else (never across a driver call). Each process owns one slot; it holds
- * an OFD lock on the slot's first byte for as long as it lives, so a reaper (a library
- * process or the agent, in any pid namespace) tells a dead owner by F_OFD_GETLK finding
- * the byte unlocked, and gives its bytes back.
+ * an OFD lock on the slot's first byte for as long as it lives, so a reaper (another
+ * process of the container, in any pid namespace) tells a dead owner by F_OFD_GETLK
+ * finding the byte unlocked, and gives its bytes back: when a request would not fit, and
+ * when a memory view is asked (gs_share_of). The agent only reads who is alive.
  *
  * Compute: the agent writes each GPU's gate (1 open, 0 hold) and share target; the
  * library counts launches, held launches and the time they were held, and the
@@ -90,5 +93,17 @@ int gs_reserve(int gpu, uint64_t bytes);
 void gs_unreserve(int gpu, uint64_t bytes);
 /* After fork: the child's next hooked call takes a slot of its own. */
 void gs_region_forked(void);
+
+/* What the memory views (cuMemGetInfo, NVML) show of GPU `gpu` on a device of `physical`
+ * bytes: total = min(cap, physical), used = what the container's processes hold. */
+struct gs_share {
+    uint64_t total;
+    uint64_t used;
+};
+/* Reaps first, at most once a GS_REAP_EVERY_NS per process, when a slot holding memory
+ * has lost its owner (killed, _exit without destructors, exec), so a view shows a dead
+ * process's bytes back within that time rather than at the next refused allocation. */
+#define GS_REAP_EVERY_NS 100000000ull
+struct gs_share gs_share_of(int gpu, uint64_t physical);
 
 #endif

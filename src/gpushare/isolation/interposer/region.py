@@ -1,5 +1,5 @@
 """The region file of one container, as the isolation agent and the tests see it: a
-ctypes mirror of region.h (the layout test holds the two equal), opened by path.
+ctypes mirror of region.h, generated from the header itself (layout.py), opened by path.
 
     with Region.open(path) as region:
         region.gpus()[0].used_bytes       # what the container's live processes hold
@@ -29,63 +29,32 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
-MAGIC: Final = 0x31524853555047
-LAYOUT_VERSION: Final = 2
-MAX_GPUS: Final = 16
-MAX_SLOTS: Final = 1024
-UUID_BYTES: Final = 64
+from gpushare.isolation.interposer import layout
+
+_HEADER: Final = layout.HEADER.read_text()
+_CONSTANTS: Final = layout.constants(_HEADER)
+MAGIC: Final = _CONSTANTS["GS_REGION_MAGIC"]
+LAYOUT_VERSION: Final = _CONSTANTS["GS_LAYOUT_VERSION"]
+MAX_GPUS: Final = _CONSTANTS["GS_MAX_GPUS"]
+MAX_SLOTS: Final = _CONSTANTS["GS_MAX_SLOTS"]
+UUID_BYTES: Final = _CONSTANTS["GS_UUID_BYTES"]
 CLOSED_FOR_S: Final = 1.0
 """How long a gate closed by `set_gate` holds at most without being written again."""
 
 
 class GpuRecord(ctypes.Structure):
-    """struct gs_gpu: one of the container's GPUs (64-byte aligned in C)."""
-
-    _fields_ = [
-        ("uuid", ctypes.c_char * UUID_BYTES),
-        ("cap_bytes", ctypes.c_uint64),
-        ("used_bytes", ctypes.c_uint64),
-        ("gate", ctypes.c_uint32),
-        ("share_percent", ctypes.c_uint32),
-        ("launches", ctypes.c_uint64),
-        ("launches_held", ctypes.c_uint64),
-        ("held_ns", ctypes.c_uint64),
-        ("last_launch_ns", ctypes.c_uint64),
-        ("gate_until_ns", ctypes.c_uint64),
-        ("allocations_refused", ctypes.c_uint64),
-        ("_align", ctypes.c_uint8 * 56),
-    ]
+    """struct gs_gpu: one of the container's GPUs."""
 
 
 class SlotRecord(ctypes.Structure):
-    """struct gs_slot: one process of the container (64-byte aligned in C)."""
-
-    _fields_ = [
-        ("pid", ctypes.c_int32),
-        ("reserved", ctypes.c_uint32),
-        ("attached_ns", ctypes.c_uint64),
-        ("used", ctypes.c_uint64 * MAX_GPUS),
-        ("_align", ctypes.c_uint8 * 48),
-    ]
+    """struct gs_slot: one process of the container."""
 
 
 class RegionRecord(ctypes.Structure):
-    """struct gs_region."""
+    """struct gs_region; its `lock` is the bytes of a process-shared robust mutex."""
 
-    _fields_ = [
-        ("magic", ctypes.c_uint64),
-        ("layout_version", ctypes.c_uint32),
-        ("gpu_count", ctypes.c_uint32),
-        ("slot_count", ctypes.c_uint32),
-        ("attached", ctypes.c_uint32),
-        ("created_ns", ctypes.c_uint64),
-        ("heartbeat_ns", ctypes.c_uint64),
-        ("lock", ctypes.c_uint8 * 64),  # a process-shared robust pthread_mutex_t
-        ("_align", ctypes.c_uint8 * 24),
-        ("gpus", GpuRecord * MAX_GPUS),
-        ("slots", SlotRecord * MAX_SLOTS),
-    ]
 
+layout.define(_HEADER, {"gs_gpu": GpuRecord, "gs_slot": SlotRecord, "gs_region": RegionRecord})
 
 REGION_BYTES: Final = ctypes.sizeof(RegionRecord)
 

@@ -93,9 +93,7 @@ static void wrap(const char *symbol, void **pfn, int cuda_version, cuuint64_t fl
 EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version,
                                  cuuint64_t flags) {
     gs_enter_cuda();
-    if (real_cuGetProcAddress == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    CUresult rc = real_cuGetProcAddress(symbol, pfn, cuda_version, flags);
+    CUresult rc = GS_CALL_CUDA(cuGetProcAddress, symbol, pfn, cuda_version, flags);
     if (rc == CUDA_SUCCESS && symbol && pfn)
         wrap(symbol, pfn, cuda_version, flags);
     return rc;
@@ -104,9 +102,7 @@ EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_versio
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version,
                                     cuuint64_t flags, CUdriverProcAddressQueryResult *status) {
     gs_enter_cuda();
-    if (real_cuGetProcAddress_v2 == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    CUresult rc = real_cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, status);
+    CUresult rc = GS_CALL_CUDA(cuGetProcAddress_v2, symbol, pfn, cuda_version, flags, status);
     if (rc == CUDA_SUCCESS && symbol && pfn)
         wrap(symbol, pfn, cuda_version, flags);
     return rc;

@@ -367,6 +367,94 @@ def test_two_pods_at_30_and_70_percent_are_paced_by_the_agent_at_their_launches(
         assert share == pytest.approx(promised[name], abs=0.05), (shares, promised)
 
 
+def probe_pid(pod_name: str) -> int | None:
+    """The host pid of the pod's probe (not its shell, nor the shell's sleep)."""
+    for pid in container_pids(pod_name):
+        try:
+            if b"/fake-cuda/probe" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def interposer_flags(tree: Path) -> dict[str, str]:
+    """Each container's `interposer` file in the GPU's control tree, by pod name."""
+    return {
+        (p / "pod").read_text().strip().removeprefix("default/"): (p / "interposer")
+        .read_text()
+        .strip()
+        for p in tree.iterdir()
+        if (p / "pod").is_file() and (p / "interposer").is_file()
+    }
+
+
+def test_a_tenant_that_truncates_its_region_is_refused_and_its_neighbour_keeps_its_cap(
+    local: LocalCluster, nvml_node: NvmlNode, fake_cuda: FakeCuda
+):
+    """The tenant's first probe makes its region; it truncates /run/gpushare/cuda-region
+    (its to write) and allocates 3,000 + 3,000 + 2,000 MiB of its 4 GiB: the library
+    fails closed. The agent distrusts that region, and kills the probe when NVML shows it
+    holding 8,000 MiB (what it would hold had it got past): it neither crashes nor
+    restarts, and the neighbour on the same GPU stays paced under its own 4 GiB."""
+    allocations = "alloc mem {} alloc mem {} alloc mem {}"
+    tenant = probe_pod(local, "tenant", 4, None, "")
+    tenant["spec"]["containers"][0]["command"] = ["sh", "-c", (
+        f"env | sort; {PROBE} link init 0 info; : > /run/gpushare/cuda-region; "
+        f"{PROBE} link init 0 {allocations.format(3000 * MIB, 3000 * MIB, 2000 * MIB)} "
+        "reached 0 sleep 600000; sleep 3600"
+    )]  # fmt: skip
+    neighbour = probe_pod(
+        local, "neighbour", 4, None,
+        f"link init 0 {allocations.format(3000 * MIB, 2000 * MIB, 1000 * MIB)} "
+        "reached 0 sleep 600000",
+    )  # fmt: skip
+    assert local.agent is not None and local.agent.process is not None
+    agent_pid = local.agent.process.pid
+    local.create([tenant, neighbour])
+    local.wait_running(WORKLOAD_LABEL, 2, timeout=60)
+
+    refused = probe_lines(local, "tenant", "alloc", 3)
+    kept = probe_lines(local, "neighbour", "alloc", 3)
+    [tenant_reached] = probe_lines(local, "tenant", "reached")
+    [neighbour_reached] = probe_lines(local, "neighbour", "reached")
+    assert [a["rc"] for a in refused] == ["2", "2", "2"] and tenant_reached["bytes"] == "0"
+    assert "refusing every allocation" in local.container_log(local.get("pod", "tenant"), "app")
+    assert [a["rc"] for a in kept] == ["0", "2", "0"]  # 3,000, not 5,000, then 4,000 MiB
+    assert neighbour_reached["bytes"] == str(4000 * MIB)
+
+    pids = {n: wait_for(n, lambda n=n: probe_pid(n), 10, 0.2) for n in ("tenant", "neighbour")}
+    [gpu_uuid] = {_visible(local, n) for n in pids}
+    gpu = next(g for g in nvml_node.world.gpus if g.uuid == gpu_uuid)
+    tree = local.control_dir / str(nvml_node.world.gpus.index(gpu))
+    gpu.processes = [
+        FakeProcess(pids["tenant"], used_bytes=0, sm_percent=50),
+        FakeProcess(pids["neighbour"], used_bytes=4000 * MIB, sm_percent=50),
+    ]
+    nvml_node.write()
+    try:
+        # (The tree may still show the pods of earlier tests on this GPU, for a while.)
+        wait_for("the tenant's region distrusted, the neighbour paced",
+                 lambda: interposer_flags(tree).items() >= {("tenant", "0"), ("neighbour", "1")}
+                 and "(pod default/tenant): its region" in local.agent.since_start(),
+                 timeout=10, every=0.2)  # fmt: skip
+        gpu.processes[0] = FakeProcess(pids["tenant"], used_bytes=8000 * MIB, sm_percent=50)
+        nvml_node.write()
+        wait_for("the agent to kill the tenant's probe over its 4 GiB",
+                 lambda: not Path(f"/proc/{pids['tenant']}").exists(),
+                 timeout=10, every=0.05)  # fmt: skip
+        gpu.processes = gpu.processes[1:]  # as NVML drops a process gone
+        nvml_node.write()
+        time.sleep(1)  # ten ticks more, the neighbour's process still listed
+        assert local.agent.alive and local.agent.process.pid == agent_pid
+        assert "tick failed" not in local.agent.since_start()
+        assert Path(f"/proc/{pids['neighbour']}").exists()
+        assert interposer_flags(tree)["neighbour"] == "1"
+    finally:
+        gpu.processes = []
+        nvml_node.write()
+
+
 def test_a_critical_xid_takes_the_gpu_out_of_allocatable(local: LocalCluster, nvml_node: NvmlNode):
     nvml_node.world.events.append(Event.xid(1, 79))
     nvml_node.write()

@@ -1,7 +1,10 @@
 """The interposer over a real GPU and PyTorch (marker `gpu`; skipped, saying why, without
 one): a program allocating past its cap gets torch.cuda.OutOfMemoryError, with and without
-expandable segments (cuMemCreate), PyTorch and NVML see the cap as the GPU's total, and
-two processes whose gates follow a 30/70 fixed-share schedule get 30/70 of the GPU.
+expandable segments (cuMemCreate), PyTorch and NVML see the cap as the GPU's total, NVML
+never lists a process growing expandable segments past its cap with more than its cap plus
+the agent's slack, what a memory pool keeps after its frees counts against the cap until
+it is trimmed, and two processes whose gates follow a 30/70 fixed-share schedule get 30/70
+of the GPU.
 
 Each figure is printed (run with -s) and, where GPUSHARE_GPU_FIGURES names a file,
 appended to it as a JSON line.
@@ -11,14 +14,17 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from gpushare.isolation.interposer.build import build_library
 from gpushare.isolation.interposer.region import Region
+from gpushare.isolation.memory import SLACK_PER_PROCESS_BYTES
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the gpu tests drive it")
 pytestmark = [
@@ -192,3 +198,135 @@ def test_two_processes_paced_at_30_70_share_the_gpu_30_70(
         held_s=[round(h, 2) for h in held],
     )
     assert share == pytest.approx(SHARE_A, abs=0.05)
+
+
+GROW_PAST_THE_CAP = r"""
+import json, sys, torch
+torch.cuda.init()
+blocks, oom = [], None
+try:
+    while True:
+        blocks.append(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
+except torch.cuda.OutOfMemoryError as err:
+    oom = str(err).splitlines()[0][:160]
+print(json.dumps({"held": len(blocks) * (64 << 20), "oom": oom,
+                  "reserved": torch.cuda.memory_reserved()}), flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.fixture(scope="module")
+def nvml(gpu_uuid: str) -> Iterator[object]:
+    """The GPU's NVML handle, in this process (no interposer: what the agent sees)."""
+    pynvml.nvmlInit()
+    yield pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+    pynvml.nvmlShutdown()
+
+
+class NvmlSampler(threading.Thread):
+    """What NVML lists one process as holding on the GPU, every 10 ms until stopped."""
+
+    def __init__(self, handle: object, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.handle, self.pid = handle, pid
+        self.samples: list[int] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            listed = pynvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
+            # In a pid namespace NVML names processes by their host pids: then every
+            # process on the GPU, which is the child alone while this test runs.
+            mine = [p for p in listed if p.pid == self.pid] or listed
+            self.samples.extend(p.usedGpuMemory for p in mine if p.usedGpuMemory is not None)
+            self.stop.wait(0.01)
+
+
+def test_expandable_segments_stop_at_the_cap_and_nvml_never_lists_more_than_cap_and_slack(
+    library: Path, gpu_uuid: str, nvml: object, tmp_path: Path
+) -> None:
+    """PyTorch maps its expandable segments with cuMemCreate + cuMemMap, a chunk at a time:
+    each chunk is charged, so it gets OutOfMemoryError at 2 GiB, and NVML (the agent's
+    backstop) never sees it hold more than the cap plus the slack a context gets."""
+    cap = 2 * GIB
+    env = container_env(
+        library, tmp_path / "region", gpu_uuid, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True"
+    )
+    env["ALIYUN_COM_GPU_MEM_CONTAINER"] = str(cap // GIB)
+    child = subprocess.Popen(
+        [sys.executable, "-c", GROW_PAST_THE_CAP],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    sampler = NvmlSampler(nvml, child.pid)
+    sampler.start()
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        time.sleep(0.2)  # a few samples at its peak: it holds all it got until told
+    finally:
+        sampler.stop.set()
+        sampler.join()
+        _, err = child.communicate("done\n", timeout=60)
+    assert line, err[-2000:]
+    seen = json.loads(line)
+    most = max(sampler.samples, default=None)
+    figure("expandable-to-the-cap", cap=cap, nvml_most=most, slack=SLACK_PER_PROCESS_BYTES, **seen)
+
+    assert seen["oom"] is not None, "PyTorch grew its expandable segments past the cap"
+    assert seen["held"] <= seen["reserved"] <= cap
+    assert most is not None, "NVML never listed the process"
+    assert most <= cap + SLACK_PER_PROCESS_BYTES
+
+
+POOL_KEEPS = r"""
+import ctypes, json
+cuda = ctypes.CDLL("libcuda.so.1")
+MIB = 1 << 20
+RELEASE_THRESHOLD = 4  # CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+def check(rc):
+    assert rc == 0, rc
+def alloc(mib):
+    pointer = ctypes.c_ulonglong()
+    rc = cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(mib * MIB))
+    if rc == 0:
+        check(cuda.cuMemFree_v2(pointer))
+    return rc
+check(cuda.cuInit(0))
+device, context, pool = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p()
+check(cuda.cuDeviceGet(ctypes.byref(device), 0))
+check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device))
+check(cuda.cuCtxSetCurrent(context))
+check(cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), device))
+keep_all = ctypes.c_uint64(2**64 - 1)
+check(cuda.cuMemPoolSetAttribute(pool, RELEASE_THRESHOLD, ctypes.byref(keep_all)))
+pointer = ctypes.c_ulonglong()
+took = cuda.cuMemAllocAsync(ctypes.byref(pointer), ctypes.c_size_t(900 * MIB), None)
+check(cuda.cuMemFreeAsync(pointer, None))
+check(cuda.cuStreamSynchronize(None))  # the pool keeps it: its threshold is above it
+kept = alloc(900)
+check(cuda.cuMemPoolTrimTo(pool, ctypes.c_size_t(0)))
+print(json.dumps([took, kept, alloc(900)]))
+"""
+
+
+def test_what_a_pool_keeps_after_its_free_counts_against_the_cap_until_it_is_trimmed(
+    library: Path, gpu_uuid: str, tmp_path: Path
+) -> None:
+    """900 MiB from the default pool, freed, kept by the driver (release threshold at its
+    most): under a 1 GiB cap a plain 900 MiB allocation is refused until the pool is
+    trimmed, as the driver still holds the first 900 MiB for this process."""
+    env = container_env(library, tmp_path / "region", gpu_uuid)
+    env["ALIYUN_COM_GPU_MEM_CONTAINER"] = "1"
+    run = subprocess.run(
+        [sys.executable, "-c", POOL_KEEPS], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    took, kept, trimmed = json.loads(run.stdout.strip().splitlines()[-1])
+    figure("pool-keeps", took=took, while_kept=kept, after_trim=trimmed)
+
+    out_of_memory = 2  # CUDA_ERROR_OUT_OF_MEMORY
+    assert (took, kept, trimmed) == (0, out_of_memory, 0)

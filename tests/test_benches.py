@@ -40,13 +40,15 @@ def test_isolation_bench_prints_shares_memory_reaction_and_tick_cost():
 def test_interposer_bench_prints_the_added_cost_of_each_call():
     run = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "interposer_bench.py"), "--iterations", "2000",
-         "--no-shares"],
+         "--no-shares", "--live", "10000"],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
-    rows = {line.split()[0]: line.split() for line in run.stdout.splitlines()[2:]}
-    assert set(rows) == {"cuMemAlloc_v2", "cuMemFree_v2", "cuLaunchKernel"}, run.stdout
+    table, pair = run.stdout.splitlines()[2:-1], run.stdout.splitlines()[-1]
+    rows = {line.split()[0]: line.split() for line in table}
+    assert set(rows) == {"cuMemAlloc_v2", "cuMemFree_v2", "cuLaunchKernel", "cuMemFree_v2@10000"}
     assert all(len(row) == 7 and int(row[5]) < 100_000 for row in rows.values()), run.stdout
+    assert pair.startswith("cuLaunchKernel p50 with two processes of one container"), pair

@@ -12,8 +12,11 @@ For version V (pyproject.toml's `version`, the one source of it):
                                                   docker.io/gpushare/gpushare:V
   SHA256SUMS, RELEASE-NOTES.md
 
-The image needs root (mmdebstrap and chroot): --no-image leaves it out, and the notes
-say so. Anything missing stops the release with one line and exit status 1.
+The notes name the Kubernetes versions the real-cluster tiers passed on for this
+commit, as they recorded it (tests/e2e/results.py, --tier-results), or say plainly
+that they did not run for it. The image needs root (mmdebstrap and chroot): --no-image
+leaves it out, and the notes say so. Anything missing stops the release with one line
+and exit status 1.
 """
 
 import argparse
@@ -38,8 +41,11 @@ DEFAULT_OUT: Final = ROOT / "dist" / "release"
 IMAGE_REPOSITORY: Final = "docker.io/gpushare/gpushare"
 """The chart's default image (values.yaml `image.repository`, tag = appVersion): the
 archive carries this name, so a node that imported it runs the chart's defaults."""
-KUBERNETES_TESTED: Final = ("v1.28.7", "v1.33.3")
-"""The versions the real-cluster tier runs on (scripts/test, from ../shared/k8s)."""
+TIER_RESULTS: Final = Path(
+    os.environ.get("GPUSHARE_E2E_RESULTS", str(ROOT / "dist" / "e2e-results"))
+)
+"""Where the real-cluster tiers record, per commit, the Kubernetes versions they ran on
+(`<commit>.json`, written by tests/e2e/results.py)."""
 SUMS: Final = "SHA256SUMS"
 NOTES: Final = "RELEASE-NOTES.md"
 
@@ -256,21 +262,61 @@ def checksums(out: Path, files: Sequence[Path]) -> Path:
     return sums
 
 
+def _git(*args: str) -> str:
+    result = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+    return result.stdout.strip() if result.returncode == 0 else ""
+
+
 def source_commit() -> str:
     """The commit the release was made from, and whether the tree differed from it."""
-
-    def git(*args: str) -> str:
-        result = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
-        return result.stdout.strip() if result.returncode == 0 else ""
-
-    commit = git("rev-parse", "HEAD")
+    commit = _git("rev-parse", "HEAD")
     if not commit:
         return "a source tree outside git"
-    changed = git("status", "--porcelain", "--untracked-files=no")
+    changed = _git("status", "--porcelain", "--untracked-files=no")
     return f"commit `{commit}`" + (" **with uncommitted changes**" if changed else "")
 
 
-def notes_text(names: Names, files: Sequence[Path], oci: OciImage | None) -> str:
+def tested_text(results: Path, commit: str) -> str:
+    """What the notes say of the Kubernetes versions tested: those on which every
+    real-cluster tier that ran for `commit` passed, on a tree without changes, from the
+    tiers' record; or that the tier did not run for this commit."""
+    path = results / f"{commit}.json"
+    try:
+        tiers = json.loads(path.read_text())["tiers"] if commit else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        tiers = {}
+    by_version: dict[str, list[str]] = {}
+    counted: dict[str, bool] = {}
+    for tier, versions in sorted(tiers.items()):
+        for version, run in sorted(versions.items()):
+            ok = run["failed"] == 0 and run["passed"] > 0 and not run["tree_changed"]
+            changed = ", on a tree with uncommitted changes" if run["tree_changed"] else ""
+            by_version.setdefault(version, []).append(
+                f"{tier} tier: {run['passed']} passed, {run['failed']} failed{changed}"
+            )
+            counted[version] = counted.get(version, True) and ok
+    if not by_version:
+        return (
+            "**The real-cluster tier did not run for this commit** (no record of it in "
+            f"`{path.name}`): no Kubernetes version is claimed as tested."
+        )
+    passed = [v for v in sorted(by_version) if counted[v]]
+    what = (
+        "what the real-cluster tiers ran for this commit: the chart and our parts on a real "
+        "kube-apiserver, kube-scheduler and kubelet"
+    )
+    lines = [
+        f"Tested on Kubernetes {' and '.join(passed)} ({what})."
+        if passed
+        else f"**No Kubernetes version is claimed as tested**: no run passed cleanly ({what})."
+    ]
+    lines += [f"- {v}: {'; '.join(by_version[v])}" for v in sorted(by_version)]
+    return "\n".join(lines)
+
+
+def notes_text(
+    names: Names, files: Sequence[Path], oci: OciImage | None, results: Path = TIER_RESULTS
+) -> str:
     rows = "\n".join(
         f"| `{f.name}` | {human_size(f.stat().st_size)} | `{sha256(f)}` |" for f in files
     )
@@ -293,7 +339,7 @@ def notes_text(names: Names, files: Sequence[Path], oci: OciImage | None) -> str
             f"# or: skopeo copy oci-archive:{names.image} docker://REGISTRY/gpushare:"
             f"{names.version}  (then --set image.repository=REGISTRY/gpushare)\n"
         )
-    tested = " and ".join(KUBERNETES_TESTED)
+    tested = tested_text(results, _git("rev-parse", "HEAD"))
     return f"""# gpushare {names.version}
 
 GPU sharing for Kubernetes, wire-compatible with Alibaba Cloud ACK's shared-GPU model (cGPU).
@@ -309,8 +355,7 @@ Check them with `sha256sum -c {SUMS}`.
 
 {image_part}
 
-Tested on Kubernetes {tested} (the real-cluster tier: the chart from `{names.chart}` and the
-image from the archive, on a real kube-apiserver, kube-scheduler and kubelet).
+{tested}
 
 ## Install
 
@@ -336,21 +381,21 @@ def human_size(size: int) -> str:
 # ----- the whole release
 
 
-def make(out: Path, with_image: bool) -> Release:
+def make(out: Path, with_image: bool, results: Path = TIER_RESULTS) -> Release:
     reason = missing(with_image)
     if reason:
         raise ReleaseError(reason)
     names = Names(project_version())
     prepare(out)
     try:
-        return _make(names, out, with_image)
+        return _make(names, out, with_image, results)
     except BaseException:
         # No half release: what is left in --out is always a whole one, or nothing.
         shutil.rmtree(out, ignore_errors=True)
         raise
 
 
-def _make(names: Names, out: Path, with_image: bool) -> Release:
+def _make(names: Names, out: Path, with_image: bool, results: Path) -> Release:
     log(f"version {names.version} into {out}")
     wheel = python_distributions(names, out)
     log(f"{wheel.name}, {names.sdist}")
@@ -364,7 +409,7 @@ def _make(names: Names, out: Path, with_image: bool) -> Release:
         log(f"{archive.name} ({oci.reference} {oci.digest})")
     sums = checksums(out, files)
     notes = out / NOTES
-    notes.write_text(notes_text(names, files, oci))
+    notes.write_text(notes_text(names, files, oci, results))
     return Release(names.version, out, (*files, sums, notes), oci)
 
 
@@ -376,10 +421,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-image", action="store_true", help="leave the image out (it needs root)"
     )
+    parser.add_argument(
+        "--tier-results",
+        type=Path,
+        default=TIER_RESULTS,
+        help="where the real-cluster tiers recorded their runs per commit (default "
+        "dist/e2e-results, or GPUSHARE_E2E_RESULTS)",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     try:
-        release = make(args.out.resolve(), with_image=not args.no_image)
+        release = make(args.out.resolve(), not args.no_image, args.tier_results)
     except ReleaseError as error:
         print(f"release: {error}", file=sys.stderr)
         return 1

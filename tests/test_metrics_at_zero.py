@@ -4,11 +4,16 @@ every label value the code can emit.
 Prometheus's increase() starts from a series' first sample, so a counter born at 1 by
 its first event shows no increase: a first refusal, a first webhook error, a first
 rejection by a rule would go unseen. The test walks every labelled metric of each
-component's registry (the extender's, the device plugin's, the isolation agent's with
-one container published) and asks for the series of every combination of its label
-values, where each label's values come from the enum or tuple the code emits them from.
-A new labelled metric fails here until its series are created at construction and its
-labels' sources are named below.
+component's registry (the extender's, the device plugin's with one pod bound to its node,
+the isolation agent's with one container published), those its collectors make at
+scrape time from what it holds included, and asks for the series of every combination
+of its label values, where each label's values come from the enum or tuple the code
+emits them from. A new labelled metric fails here until its series are created at
+construction and its labels' sources are named below.
+
+A container's series are per-container series too: the device plugin's exist from the
+moment its pod is bound to the node, before the kubelet admits it or any process of it
+touches a GPU (the agent's begin only with its first GPU process).
 """
 
 import itertools
@@ -18,7 +23,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
-from gpushare.deviceplugin.metrics import AllocateResult, Call, PluginMetrics, Refusal
+from gpushare import annotation
+from gpushare.deviceplugin.metrics import (
+    CONTAINER_LABELS,
+    AllocateResult,
+    Call,
+    PluginMetrics,
+    Refusal,
+)
 from gpushare.errors import Rule
 from gpushare.extender.cache import SchedulerCache
 from gpushare.extender.metrics import (
@@ -31,10 +43,14 @@ from gpushare.extender.metrics import (
 )
 from gpushare.isolation.interposer.region import Refusal as RegionRefusal
 from gpushare.isolation.memory import MemoryAction
+from gpushare.isolation.metrics import CONTAINER_LABELS as AGENT_CONTAINER_LABELS
 from gpushare.isolation.metrics import AgentMetrics
 from gpushare.isolation.policy import Policy
 from gpushare.isolation.treecodec import FILE_NAMES, ContainerEntry, GpuEntry, TreeContent
+from gpushare.placement.fit import Assignment, to_allocation
+from gpushare.request import parse_pod_request
 from gpushare.resources import MANAGED_RESOURCES
+from tests.builders import T0, container, inventory, node, pod
 
 NODE = "gpu-node-1"
 
@@ -73,21 +89,44 @@ INSTANCE: Mapping[str, Iterable[str]] = {
     "node": [NODE],
     "resource": MANAGED_RESOURCES,
     "gpu": ["0"],
+    "uuid": [gpu.uuid for gpu in inventory("1x16GiB:T4", NODE).gpus],
+    "model": ["T4"],
     "namespace": ["team-a"],
     "pod": ["infer-0"],
     "container": ["server"],
     "container_id": ["containerd-4f1c"],
 }
 """Labels that name what the component serves: its node, its resources, its GPU and the
-container the agent published."""
+container bound to it (the plugin) or published (the agent)."""
 
 
 def extender() -> CollectorRegistry:
-    return ExtenderMetrics(SchedulerCache()).registry
+    """The extender of a cluster of one GPU node: its per-node and per-GPU series too
+    (gpushare_scheduler_node_unknown_allocations at 0 among them)."""
+    cache = SchedulerCache()
+    cache.replace_nodes([node(NODE, "1x16GiB:T4")])
+    cache.replace_pods([])
+    return ExtenderMetrics(cache).registry
 
 
 def device_plugin() -> CollectorRegistry:
-    return PluginMetrics(NODE).registry
+    """The plugin of a node with one T4, and one pod bound to it that the kubelet has not
+    admitted yet."""
+    gpus = inventory("1x16GiB:T4", NODE)
+    bound = pod("infer-0", namespace="team-a", containers=[container("server", 4)], node=NODE)
+    request = parse_pod_request(bound)
+    assert request is not None
+    allocation = to_allocation(request, Assignment(((0,),), ()), gpus, T0)
+    bound = bound.model_copy(
+        update={
+            "metadata": bound.metadata.model_copy(
+                update={"annotations": annotation.encode(allocation)}
+            )
+        }
+    )
+    metrics = PluginMetrics(NODE)
+    metrics.watch_gpus(lambda: gpus.gpus, lambda: [(bound, allocation)])
+    return metrics.registry
 
 
 def agent() -> CollectorRegistry:
@@ -101,9 +140,17 @@ def agent() -> CollectorRegistry:
 COMPONENTS = [extender, device_plugin, agent]
 
 
-def _labelled(registry: CollectorRegistry) -> list[MetricWrapperBase]:
-    collectors = registry._collector_to_names  # prometheus-client keeps no public list
-    return [c for c in collectors if isinstance(c, MetricWrapperBase) and c._labelnames]
+def _labelled(registry: CollectorRegistry) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(name, type, label names) of every labelled metric: those made at construction,
+    and the families collectors make at each scrape from what the component holds (those
+    with samples: an extender that knows no node has no GPU to report)."""
+    found = []
+    for collector in registry._collector_to_names:  # prometheus-client keeps no public list
+        if isinstance(collector, MetricWrapperBase):
+            found.append((collector._name, collector._type, collector._labelnames))
+        else:
+            found += [(f.name, f.type, f._labelnames) for f in collector.collect() if f.samples]
+    return [(name, kind, labels) for name, kind, labels in found if labels]
 
 
 def _values(metric: str, label: str) -> list[str]:
@@ -122,8 +169,7 @@ def test_every_labelled_series_exists_from_the_start(registry_of):
     labelled = _labelled(registry)
     assert labelled, "no labelled metric found: the walk is wrong"
     missing = []
-    for metric in labelled:
-        name, kind, labels = metric._name, metric._type, metric._labelnames
+    for name, kind, labels in labelled:
         first = {"counter": "_total", "histogram": "_count"}.get(kind, "")
         for values in itertools.product(*(_values(name, label) for label in labels)):
             value = registry.get_sample_value(name + first, dict(zip(labels, values, strict=True)))
@@ -140,3 +186,20 @@ def test_a_counter_created_without_its_series_is_found():
     Counter("gpushare_isolation_new_thing", "new", ["node"], registry=registry)
     with pytest.raises(AssertionError, match="gpushare_isolation_new_thing"):
         test_every_labelled_series_exists_from_the_start(lambda: registry)
+
+
+def test_a_container_bound_to_the_node_has_its_series_before_its_first_gpu_process():
+    """The device plugin's per-container series (what the dashboard's per-container panels
+    fall back to while the agent has seen no process of the container) carry the agent's
+    container labels, less container_id."""
+    registry = device_plugin()
+    per_container = {name for name, _, labels in _labelled(registry) if "container" in labels}
+    assert per_container == {
+        "gpushare_container_memory_allocated_bytes",
+        "gpushare_container_core_allocated_percent",
+        "gpushare_container_assigned",
+    }
+    labels = dict(zip(CONTAINER_LABELS, [NODE, "0", "team-a", "infer-0", "server"], strict=True))
+    assert registry.get_sample_value("gpushare_container_memory_allocated_bytes", labels) == 4 << 30
+    assert registry.get_sample_value("gpushare_container_assigned", labels) == 0
+    assert set(CONTAINER_LABELS) | {"container_id"} == set(AGENT_CONTAINER_LABELS)

@@ -17,6 +17,8 @@ from types import ModuleType
 import pytest
 import yaml
 
+from tests.e2e import results
+
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 VERSION = PYPROJECT["project"]["version"]
@@ -47,11 +49,31 @@ def _release(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _head() -> str:
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True)
+    return head.stdout.decode().strip() if head.returncode == 0 else ""
+
+
 @pytest.fixture(scope="session")
-def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tier_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the real-cluster tiers would have recorded for HEAD: both tiers passed on
+    v1.33.3; on v1.28.7 the chart tier failed a test."""
+    directory = tmp_path_factory.mktemp("e2e-results")
+    for tier, version, passed, failed in [
+        ("real-cluster", "v1.33.3", 41, 0),
+        ("chart", "v1.33.3", 12, 0),
+        ("real-cluster", "v1.28.7", 41, 0),
+        ("chart", "v1.28.7", 11, 1),
+    ]:
+        results.record(directory, _head() or "none", False, tier, version, passed, failed)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def made(tmp_path_factory: pytest.TempPathFactory, tier_results: Path) -> Path:
     out = tmp_path_factory.mktemp("release")
     started = time.monotonic()
-    result = _release("--no-image", "--out", str(out))
+    result = _release("--no-image", "--out", str(out), "--tier-results", str(tier_results))
     assert result.returncode == 0, result.stderr
     print(f"\nscripts/release --no-image: {time.monotonic() - started:.1f}s")
     return out
@@ -95,10 +117,10 @@ def test_the_notes_list_each_artifact_with_its_checksum_and_say_the_image_is_lef
         digest, name = line.split("  ")
         assert f"| `{name}` |" in notes and f"`{digest}`" in notes
     assert "--no-image" in notes
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True)
-    if head.returncode == 0:
-        assert f"Made from commit `{head.stdout.decode().strip()}`" in notes
-    assert "v1.28.7" in notes and "v1.33.3" in notes
+    if _head():
+        assert f"Made from commit `{_head()}`" in notes
+        assert "Tested on Kubernetes v1.33.3 (" in notes  # the tiers' record for HEAD
+        assert "- v1.28.7: chart tier: 11 passed, 1 failed; real-cluster tier: 41 passed" in notes
     assert "pip install kube-gpushare" not in notes
 
 
@@ -131,18 +153,47 @@ def test_chart_yaml_in_the_tree_has_the_projects_version():
     assert chart["appVersion"] == VERSION, "Chart.yaml appVersion differs from pyproject.toml's"
 
 
-def test_the_notes_name_the_kubernetes_versions_the_tier_runs():
-    """scripts/test runs the real-cluster tier on ../shared/k8s and each version directory
-    in it; the notes' list must name the same versions."""
-    k8s = ROOT.parent / "shared" / "k8s"
-    if not (k8s / "VERSION").is_file():
-        pytest.skip("no ../shared/k8s here: the tier's versions are not known")
-    found = {
-        path.read_text().split()[0]
-        for path in [k8s / "VERSION", *k8s.glob("v*/VERSION")]
-        if (path.parent / "kubernetes-server-bin.tar.xz").is_file()
-    }
-    assert set(release.KUBERNETES_TESTED) == found
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def test_the_notes_name_the_versions_every_tier_passed_on_for_the_commit(tmp_path: Path):
+    """No Kubernetes ships with the repository: what is tested is what the tiers ran."""
+    results.record(tmp_path, COMMIT, False, "real-cluster", "v1.33.3", 41, 0)
+    results.record(tmp_path, COMMIT, False, "chart", "v1.33.3", 12, 0)
+    results.record(tmp_path, COMMIT, False, "real-cluster", "v1.31.0", 40, 0)
+
+    text = release.tested_text(tmp_path, COMMIT)
+
+    assert text.splitlines()[0].startswith("Tested on Kubernetes v1.31.0 and v1.33.3 (")
+    assert "- v1.33.3: chart tier: 12 passed, 0 failed; real-cluster tier: 41 passed" in text
+
+
+def test_without_a_record_for_the_commit_the_notes_say_the_tier_did_not_run(tmp_path: Path):
+    results.record(tmp_path, "another" + COMMIT[7:], False, "real-cluster", "v1.33.3", 41, 0)
+
+    for commit in (COMMIT, ""):
+        text = release.tested_text(tmp_path, commit)
+        assert text.startswith("**The real-cluster tier did not run for this commit**")
+        assert "Tested on" not in text and "v1.33.3" not in text
+
+
+def test_a_failed_run_or_one_on_a_changed_tree_is_not_claimed(tmp_path: Path):
+    results.record(tmp_path, COMMIT, False, "real-cluster", "v1.33.3", 40, 1)
+    results.record(tmp_path, COMMIT, True, "real-cluster", "v1.31.0", 41, 0)
+
+    text = release.tested_text(tmp_path, COMMIT)
+
+    assert text.splitlines()[0].startswith("**No Kubernetes version is claimed as tested**")
+    assert "- v1.31.0: real-cluster tier: 41 passed, 0 failed, on a tree with uncommitted" in text
+    assert "- v1.33.3: real-cluster tier: 40 passed, 1 failed" in text
+
+
+def test_a_later_run_replaces_its_tier_and_versions_entry(tmp_path: Path):
+    results.record(tmp_path, COMMIT, False, "real-cluster", "v1.33.3", 40, 1)
+    path = results.record(tmp_path, COMMIT, False, "real-cluster", "v1.33.3", 41, 0)
+
+    assert path == tmp_path / f"{COMMIT}.json"
+    assert release.tested_text(tmp_path, COMMIT).startswith("Tested on Kubernetes v1.33.3 (")
 
 
 def test_an_out_directory_holding_other_files_is_refused_and_kept(tmp_path: Path):

@@ -5,7 +5,7 @@ for how it travels on the pod.
 """
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -15,6 +15,9 @@ from gpushare.request import ContainerRole, JobType
 
 ALLOCATION_VERSION: Literal[1] = 1
 
+UNKNOWN_BIND_TIME = datetime(1970, 1, 1, tzinfo=UTC)
+"""When a pod counts as bound whose bind time nobody wrote down: first."""
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
@@ -23,19 +26,19 @@ class _Frozen(BaseModel):
 class GpuSlice(_Frozen):
     """The part of one GPU a container holds."""
 
-    index: int
+    index: int = Field(ge=0)
     uuid: str = ""
-    mem: int = Field(alias="memGiB")
-    core: int = Field(default=0, alias="corePercent")
+    mem: int = Field(alias="memGiB", ge=0)
+    core: int = Field(default=0, alias="corePercent", ge=0)
     """Compute percent; 0 means no compute limit (memory-only), 100 a whole GPU."""
-    gpu_mem: int = Field(alias="gpuMemGiB")
+    gpu_mem: int = Field(alias="gpuMemGiB", ge=0)
     """Memory of the whole GPU (ALIYUN_COM_GPU_MEM_DEV)."""
 
 
 class ContainerAllocation(_Frozen):
     name: str
     role: ContainerRole
-    index: int
+    index: int = Field(ge=0)
     """Position in spec.containers, or in spec.initContainers for init and sidecar roles."""
     gpus: tuple[GpuSlice, ...]
     exclusive: bool = False
@@ -62,6 +65,15 @@ class PodAllocation(_Frozen):
     the annotation: on Kubernetes the kube-scheduler accounts CPU and memory."""
     memory_mib: int | None = Field(default=None, exclude=True)
     """Host memory the pod holds where the node tracks it; not written either."""
+    unknown: bool = Field(default=False, exclude=True)
+    """The pod's record could not be trusted: it holds something on `node`, nobody knows
+    what, so the node takes no new GPU pod until the record is repaired or the pod goes
+    (`unknown_on`; never written)."""
+
+    @classmethod
+    def unknown_on(cls, node: str) -> "PodAllocation":
+        """What a pod on `node` holds when neither of its records can be read."""
+        return cls(node=node, bound_at=UNKNOWN_BIND_TIME, containers=(), unknown=True)
 
     @property
     def assigned(self) -> bool:

@@ -27,6 +27,10 @@ class Rule(StrEnum):
     EXCLUSIVE_WITH_SHARED = "exclusive-with-shared"
     MIXED_JOB_TYPES = "mixed-job-types"
     UNKNOWN_POLICY = "unknown-placement-policy"
+    ZERO_GPU_MEM = "gpu-mem-zero"
+    # Rules about a pod and the cluster's GPUs: refused at submission by the webhook.
+    LARGER_THAN_ANY_GPU = "larger-than-any-gpu"
+    MORE_GPUS_THAN_ANY_NODE = "more-gpus-than-any-node"
 
     # Rules about a pod on a particular node: reported by filter and bind.
     NODE_NOT_SHARED = "node-not-gpu-shared"
@@ -41,6 +45,7 @@ class Rule(StrEnum):
     JOB_TYPE_MIXING = "job-type-mixing"
     NO_JOINT_FIT = "containers-do-not-fit-together"
     NODE_UNKNOWN = "node-unknown"
+    UNKNOWN_ALLOCATION = "unknown-allocation"
     # Rules about host resources and GPU models, checked where the node tracks them
     # (the simulator; on Kubernetes the kube-scheduler checks CPU and memory itself).
     INSUFFICIENT_CPU = "insufficient-cpu"
@@ -83,4 +88,5 @@ class PodRefused(ValueError):
 
 
 class AnnotationError(ValueError):
-    """An allocation annotation cannot be read (malformed, or from a newer version)."""
+    """An allocation annotation cannot be read or breaks a rule (malformed, changed after
+    it was written, out of range, or from a newer version)."""

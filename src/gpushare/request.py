@@ -266,6 +266,15 @@ def _container_request(
                 f"{GPU_MEM} or {GPU_CORE}; use one or the other",
             )
         )
+    if GPU_MEM in container.resources.limits and not mem and (core or count):
+        refusals.append(
+            Refusal(
+                Rule.ZERO_GPU_MEM,
+                f"{where}: {GPU_MEM}: 0 asks for no GPU memory beside "
+                f"{GPU_CORE if core else GPU_COUNT}, which means nothing; leave it out "
+                f"or ask for the GiB the container needs",
+            )
+        )
     if mem and split > 1 and mem % split:
         refusals.append(
             Refusal(

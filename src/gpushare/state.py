@@ -48,6 +48,9 @@ class NodeView:
     gpus: tuple[GpuView, ...]
     job_types: frozenset[JobType] = frozenset()
     """Job types of the pods already sharing GPUs on this node."""
+    unknown: tuple[str, ...] = ()
+    """Pods whose allocation here is not known (a damaged record, or one the node's GPUs
+    cannot hold): while there are any, the node takes no new GPU pod."""
     cpu_total: int | None = None
     """Host CPU in milli-cores where tracked (the simulator); None on Kubernetes nodes."""
     cpu_free: int | None = None
@@ -88,6 +91,9 @@ class NodeState:
         self.inventory = inventory
         self.pods: dict[str, PodAllocation] = {}
         self._loads = {gpu.index: _GpuLoad() for gpu in inventory.gpus}
+        self._gpus = {gpu.index: gpu for gpu in inventory.gpus}
+        self.unknown: set[str] = set()
+        """Pods held here whose allocation is not known (`_holds`): charged nowhere."""
         self._job_types: Counter[JobType] = Counter()
         self.cpu_used = 0
         self.memory_used = 0
@@ -101,11 +107,14 @@ class NodeState:
         if pod_key in self.pods:
             self.remove(pod_key)
         self.pods[pod_key] = allocation
+        charges = allocation.charges()
+        if allocation.unknown or not self._holds(charges):
+            self.unknown.add(pod_key)
+            self._changed()
+            return
         exclusive = allocation.exclusive_gpus
-        for index, (mem, core) in allocation.charges().items():
-            load = self._loads.get(index)
-            if load is None:  # a GPU the node no longer reports; nothing to charge
-                continue
+        for index, (mem, core) in charges.items():
+            load = self._loads[index]
             load.mem += mem
             load.core += core
             load.pods.add(pod_key)
@@ -120,10 +129,12 @@ class NodeState:
         allocation = self.pods.pop(pod_key, None)
         if allocation is None:
             return None
+        if pod_key in self.unknown:
+            self.unknown.remove(pod_key)
+            self._changed()
+            return allocation
         for index, (mem, core) in allocation.charges().items():
-            load = self._loads.get(index)
-            if load is None:
-                continue
+            load = self._loads[index]
             load.mem -= mem
             load.core -= core
             load.pods.discard(pod_key)
@@ -136,6 +147,16 @@ class NodeState:
         self.memory_used -= allocation.memory_mib or 0
         self._changed()
         return allocation
+
+    def _holds(self, charges: dict[int, tuple[int, int]]) -> bool:
+        """Whether the node's GPUs can hold what an allocation charges them: a GPU
+        index the node does not have, or more than a GPU has, means a record not to
+        be trusted (or GPUs gone from under the pod), and the pod's load unknown."""
+        for index, (mem, core) in charges.items():
+            gpu = self._gpus.get(index)
+            if gpu is None or mem > gpu.mem or core > gpu.core:
+                return False
+        return True
 
     def replace_inventory(self, inventory: NodeGpus) -> None:
         """New labels or GPUs for the node; what runs on it stays."""
@@ -187,6 +208,7 @@ class NodeState:
             mode=inventory.mode,
             gpus=tuple(gpus),
             job_types=shared,
+            unknown=tuple(sorted(self.unknown)),
             cpu_total=inventory.cpu_milli,
             cpu_free=_left(inventory.cpu_milli, self.cpu_used),
             memory_total=inventory.memory_mib,
@@ -276,7 +298,8 @@ class ClusterState:
         """The cluster's allocations from node objects and pod annotations alone.
 
         Returns the state and one line per object that could not be read, so the
-        caller can log them; an unreadable pod is left out, never guessed at.
+        caller can log them; a pod whose record is damaged is charged as
+        annotation.read says (never left out, never guessed at).
         """
         state = cls()
         problems: list[str] = []
@@ -288,11 +311,9 @@ class ClusterState:
         for pod in pods:
             if pod.is_finished:  # one being deleted still runs on its GPUs
                 continue
-            try:
-                allocation = annotation.decode(pod)
-            except AnnotationError as err:
-                problems.append(f"pod {pod.key}: {err}")
-                continue
-            if allocation is not None:
-                state.add_pod(pod.key, allocation)
+            reading = annotation.read(pod)
+            if reading.problem is not None:
+                problems.append(f"pod {pod.key}: {reading.problem}")
+            if reading.allocation is not None:
+                state.add_pod(pod.key, reading.allocation)
         return state, problems

@@ -1308,7 +1308,7 @@ def test_the_prometheus_rule_holds_the_plain_rules_files_groups_and_the_selector
     assert labels["app.kubernetes.io/part-of"] == "gpushare"
     assert rule["spec"] == {"groups": _alert_groups()}
     alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
-    assert len(alerts) == 11 and all(a.startswith("Gpushare") for a in alerts)
+    assert len(alerts) == 12 and all(a.startswith("Gpushare") for a in alerts)
 
 
 def test_the_runbook_links_follow_the_configured_base():
@@ -1323,7 +1323,7 @@ def test_the_runbook_links_follow_the_configured_base():
 def test_the_default_runbook_base_is_the_one_the_plain_file_links():
     with helm.Chart.load(CHART) as chart:
         assert chart.values["metrics"]["prometheusRule"]["runbookBaseUrl"] == RUNBOOKS
-    assert ALERTS.read_text().count(RUNBOOKS + "#") == 11
+    assert ALERTS.read_text().count(RUNBOOKS + "#") == 12
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+from gpushare.errors import Refusal, Rule
 from gpushare.inventory import Gpu, NodeGpus
 from gpushare.labels import NodeMode
 from gpushare.placement.fit import Placement, evaluate, to_allocation
@@ -30,7 +31,9 @@ def test_a_pod_added_again_is_charged_once():
     assert state.remove("default/a") is None  # gone already: nothing to free
 
 
-def test_a_gpu_the_node_stops_reporting_leaves_the_pods_charge_on_the_others():
+def test_a_gpu_the_node_stops_reporting_makes_the_pods_load_unknown():
+    # Issue 39: a record naming a GPU the node does not have is not charged in part (the
+    # GPU it really holds may be another): the node holds an unknown allocation.
     state = node_state("2x16GiB")
     split = request(mem=8, labels={"aliyun.com/gpu-count": "2"})
     result = evaluate(state.view(), split, BinpackPolicy())
@@ -38,10 +41,26 @@ def test_a_gpu_the_node_stops_reporting_leaves_the_pods_charge_on_the_others():
     state.add("default/split", to_allocation(split, result.assignment, state.inventory, T0))
     first_gone = replace(state.inventory, gpus=state.inventory.gpus[1:])
     state.replace_inventory(first_gone)
-    assert state.used(1) == (4, 0, 1)
-    assert [g.mem_free for g in state.view().gpus] == [12]
-    state.remove("default/split")
     assert state.used(1) == (0, 0, 0)
+    assert state.view().unknown == ("default/split",)
+    refusal = evaluate(state.view(), request(mem=1), BinpackPolicy())
+    assert isinstance(refusal, Refusal) and refusal.rule is Rule.UNKNOWN_ALLOCATION
+    assert "default/split" in refusal.message
+    state.remove("default/split")
+    assert state.used(1) == (0, 0, 0) and state.view().unknown == ()
+    assert isinstance(evaluate(state.view(), request(mem=1), BinpackPolicy()), Placement)
+
+
+def test_more_than_a_gpu_holds_makes_the_pods_load_unknown():
+    state = node_state("1x16GiB")
+    allocation = placed(state, 12)
+    state.add("p", allocation)
+    smaller = replace(state.inventory, gpus=(replace(state.inventory.gpus[0], mem=8),))
+    state.replace_inventory(smaller)
+    assert state.view().unknown == ("p",) and state.used(0) == (0, 0, 0)
+    state.replace_inventory(replace(smaller, gpus=(replace(smaller.gpus[0], mem=12),)))
+    assert state.view().unknown == () and state.used(0) == (12, 0, 1)
+    assert state.remove("p") == allocation
 
 
 def test_a_whole_gpu_given_to_a_pod_takes_no_shared_pod():
@@ -100,3 +119,16 @@ def test_a_node_whose_host_is_taken_has_nothing_left():
     assert isinstance(result, Placement)
     state.add("all", to_allocation(req, result.assignment, state.inventory, T0))
     assert (state.view().cpu_free, state.view().memory_free) == (0, 0)
+
+
+def test_more_compute_than_a_gpu_has_makes_the_pods_load_unknown():
+    state = node_state("1x16GiB", mode=NodeMode.CORE_MEM)
+    req = request(mem=2, core=60)
+    result = evaluate(state.view(), req, BinpackPolicy())
+    assert isinstance(result, Placement)
+    state.add("p", to_allocation(req, result.assignment, state.inventory, T0))
+    gpu = state.inventory.gpus[0]
+    state.replace_inventory(replace(state.inventory, gpus=(replace(gpu, core=55),)))
+    assert state.view().unknown == ("p",)
+    state.replace_inventory(replace(state.inventory, gpus=(replace(gpu, core=60),)))
+    assert state.view().unknown == () and state.used(0) == (2, 60, 1)

@@ -41,8 +41,10 @@ class Rig:
         cluster_type: type[MemoryCluster] = MemoryCluster,
         answer_within: float = 0.3,
         interposer_dir: Path | None = None,
+        rediscover_interval: float = 0,
     ) -> None:
         self.interposer_dir = interposer_dir
+        self.rediscover_interval = rediscover_interval
         self.node = node
         self.backend_type = backend_type
         self.layout = layout
@@ -77,6 +79,7 @@ class Rig:
             reconcile_interval=3600,
             answer_within=self.answer_within,
             interposer_dir=self.interposer_dir,
+            rediscover_interval=self.rediscover_interval,
         )
         return DevicePlugin(config, backend, self.cluster)
 

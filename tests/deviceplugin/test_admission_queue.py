@@ -39,9 +39,12 @@ def relabelled(spec: Pod) -> Pod:
 
 
 def unreadable_reason(spec: Pod) -> str:
-    with pytest.raises(AnnotationError) as err:
+    """What the extender says of the pod's record too (one codec: annotation.read)."""
+    with pytest.raises(AnnotationError):
         annotation.decode(spec)
-    return str(err.value)
+    problem = annotation.read(spec).problem
+    assert problem is not None
+    return problem
 
 
 def names(waiting) -> tuple[str, str]:
@@ -274,6 +277,21 @@ def test_a_refusal_gives_each_unreadable_allocation_with_its_reason_while_it_las
     with pytest.raises(NoMatch) as later:
         queue.take(GPU_MEM, 2, ALL)
     assert "unreadable" not in str(later.value)
+
+
+def test_a_record_changed_after_it_was_written_is_not_matched_at_its_new_size():
+    # Issue 39: one codec with the extender. A digit changed from 2 to 1 GiB was read as
+    # a 1 GiB container; now the record fails its check and nothing is matched to it.
+    queue = AdmissionQueue(NODE)
+    held = bound("a", [[0]], mem=2)
+    record = held.metadata.annotations[annotation.ALLOCATION]
+    queue.replace(
+        [_annotated(held, {annotation.ALLOCATION: record.replace('"memGiB":2', '"memGiB":1')})]
+    )
+
+    with pytest.raises(NoMatch) as refused:
+        queue.take(GPU_MEM, 1, ALL)
+    assert "default/a: gpushare.io/allocation fails its check" in str(refused.value)
 
 
 # ----- the order and the counts the kubelet asks with

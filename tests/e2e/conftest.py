@@ -9,7 +9,9 @@ scenarios run there, nothing is created or deleted but their pods.
 
 `local`: the real single-node cluster on this machine from upstream binaries
 (GPUSHARE_E2E_K8S_BIN), with gpushare's parts as host processes (tests/e2e/local.py).
-GPUSHARE_E2E_KEEP=1 leaves it running.
+GPUSHARE_E2E_KEEP=1 leaves it running. When its cluster goes down, each real-cluster
+tier records for the checkout's commit which version it ran on and how many tests
+passed and failed (tests/e2e/results.py): the release notes name what it recorded.
 
 On any failure the cluster's state and logs are written under the pytest base temp
 directory, and the path is printed.
@@ -25,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import artifacts as released
-from tests.e2e import bridge
+from tests.e2e import bridge, results
 from tests.e2e import local as local_tier
 from tests.e2e.chart_scenarios import Installed
 from tests.e2e.helm import HelmRelease
@@ -40,6 +42,7 @@ MODES = ("cgpu", "core_mem")
 
 _failures: list[str] = []
 _local_failures: list[str] = []
+_local_passed: list[str] = []
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -50,6 +53,8 @@ def pytest_runtest_makereport(item, call):
         _failures.append(item.nodeid)
     if report.failed and "realcluster" in item.keywords:
         _local_failures.append(item.nodeid)
+    if report.when == "call" and report.passed and "realcluster" in item.keywords:
+        _local_passed.append(item.nodeid)
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,7 @@ def _up_for_the_tests(
     failed, then takes it down (unless GPUSHARE_E2E_KEEP=1)."""
     version = cluster.version
     _local_failures.clear()
+    _local_passed.clear()
     started = time.monotonic()
     try:
         cluster.up()
@@ -201,6 +207,7 @@ def _up_for_the_tests(
         else:
             cluster.down()
         print(f"\n{tier} tier on {version}: {time.monotonic() - started:.0f}s")
+        print(results.record_run(tier, version, len(_local_passed), len(_local_failures)))
 
 
 @pytest.fixture

@@ -636,7 +636,7 @@ def test_counts_say_what_the_cache_holds():
     bound_pod(cache, "p", 4)
     assume(cache, "q", 2)
     assert cache.counts() == CacheCounts(
-        nodes=2, gpus=2, pods=2, placed=2, assumed=1, refused=0, problems=2
+        nodes=2, gpus=2, pods=2, placed=2, assumed=1, refused=0, problems=2, damaged=1
     )
 
 

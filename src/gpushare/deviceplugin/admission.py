@@ -29,7 +29,6 @@ from functools import cached_property
 from gpushare import annotation
 from gpushare.allocation import ContainerAllocation, PodAllocation
 from gpushare.deviceplugin.deadline import Deadline
-from gpushare.errors import AnnotationError
 from gpushare.objects import Container, Pod
 from gpushare.request import ContainerRole
 from gpushare.resources import RESOURCES
@@ -281,11 +280,13 @@ class AdmissionQueue:
         if before is not None and raw is not None and raw == before.raw:
             allocation: PodAllocation | None = before.allocation  # unchanged: skip the parse
         else:
-            try:
-                allocation = annotation.decode(pod)
-            except AnnotationError as err:
-                self._unreadable[pod.key] = str(err)
+            # The extender's rule, read by the same codec: a damaged record is charged as
+            # ACK's keys say or held unknown there, and no container of it is matched here.
+            reading = annotation.read(pod)
+            if reading.problem is not None:
+                self._unreadable[pod.key] = reading.problem
                 return None
+            allocation = reading.allocation
         if allocation is None or allocation.node != self.node_name:
             return None
         containers = []

@@ -30,6 +30,7 @@ from gpushare.deviceplugin.plugin import (
     DevicePlugin,
     PluginConfig,
 )
+from gpushare.deviceplugin.rediscovery import REDISCOVER_INTERVAL
 from gpushare.nodeflags import add_node_flags, check_node_flags
 from gpushare.nodeflags.serving import start_metrics
 from gpushare.nvmllib import bindings
@@ -89,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
         "with UnexpectedAdmissionError and its controller makes another)",
     )
     parser.add_argument(
+        "--rediscover-interval",
+        type=float,
+        metavar="SECONDS",
+        default=REDISCOVER_INTERVAL,
+        help="list the node's GPUs again this often: a GPU added is advertised, one gone "
+        "is withdrawn (kept, Unhealthy, while pods hold it), without a restart; 0 lists "
+        "them only at start",
+    )
+    parser.add_argument(
         "--kubeconfig",
         default=env.get("KUBECONFIG", ""),
         help="kubeconfig file; empty means in-cluster credentials (env KUBECONFIG)",
@@ -117,6 +127,10 @@ def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> in
     try:
         if not args.allocate_timeout > 0:
             raise ValueError(f"--allocate-timeout must be above 0, got {args.allocate_timeout:g}")
+        if not args.rediscover_interval >= 0:
+            raise ValueError(
+                f"--rediscover-interval must be 0 or more, got {args.rediscover_interval:g}"
+            )
         backend = build_backend(args)
         config = PluginConfig(
             node_name=args.node_name,
@@ -124,6 +138,7 @@ def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> in
             pod_resources_socket=args.pod_resources_socket,
             answer_within=args.allocate_timeout,
             interposer_dir=args.interposer_dir,
+            rediscover_interval=args.rediscover_interval,
         )
         metrics = PluginMetrics(args.node_name)
         plugin = DevicePlugin(config, backend, cluster, metrics)

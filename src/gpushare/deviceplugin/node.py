@@ -16,6 +16,8 @@ from gpushare.labels import NodeMode, isolation_disabled, node_mode
 class NodeChange(StrEnum):
     HEALTH = "health"
     LABELS = "labels"
+    GPUS = "gpus"
+    """GPUs added or gone (rediscovery.py)."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,19 @@ class LocalNode:
                 return False
             self._snapshot = NodeSnapshot(tuple(gpus), self._snapshot.labels)
             self._notify(self._snapshot, NodeChange.HEALTH)
+        return True
+
+    def update_gpus(
+        self, update: Callable[[tuple[PhysicalGpu, ...]], tuple[PhysicalGpu, ...]]
+    ) -> bool:
+        """Replaces the GPUs by `update(current GPUs)`, under the lock so that no health
+        change is lost in between; False when that changes nothing."""
+        with self._lock:
+            gpus = update(self._snapshot.gpus)
+            if gpus == self._snapshot.gpus:
+                return False
+            self._snapshot = NodeSnapshot(gpus, self._snapshot.labels)
+            self._notify(self._snapshot, NodeChange.GPUS)
         return True
 
     def _notify(self, snapshot: NodeSnapshot, change: NodeChange) -> None:

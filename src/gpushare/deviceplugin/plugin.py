@@ -1,7 +1,7 @@
 """The device plugin of one node, assembled: GPUs from the backend, the node and
 its pods from the cluster port, one gRPC server per advertised resource.
 
-    backend ──health──► LocalNode ◄──labels── node watch
+    backend ──health, GPUs found again──► LocalNode ◄──labels── node watch
                            │ (mode, health, catalog)
                            ├──► DeviceFeeds ──► ResourceServers (ListAndWatch)
                            ├──► InventoryPublisher (gpushare.io/gpus)
@@ -35,6 +35,7 @@ from gpushare.deviceplugin.metrics import PluginMetrics
 from gpushare.deviceplugin.node import LocalNode, NodeChange, NodeSnapshot
 from gpushare.deviceplugin.publisher import InventoryPublisher
 from gpushare.deviceplugin.reconcile import Reconciler
+from gpushare.deviceplugin.rediscovery import REDISCOVER_INTERVAL, Rediscovery
 from gpushare.deviceplugin.registration import Registrar
 from gpushare.deviceplugin.worker import start_daemon
 from gpushare.kubecluster.watchcache import WatchCache
@@ -68,6 +69,8 @@ class PluginConfig:
     interposer_dir: Path | None = None
     """The node's interposer directory (deviceplugin/interposer.py); None: never load
     the CUDA interposer into containers."""
+    rediscover_interval: float = REDISCOVER_INTERVAL
+    """Seconds between listings of the node's GPUs (rediscovery.py); 0: only at start."""
 
 
 class DevicePlugin:
@@ -139,13 +142,20 @@ class DevicePlugin:
             _OwnPods(self),
             backoff=WATCH_BACKOFF,
         )
-        self._stopped = threading.Event()
-        self._health_thread: threading.Thread | None = None
-        self.node.subscribe(self._on_node_change)
-        self.metrics.watch_gpus(
-            lambda: self.node.snapshot().inventory,
-            lambda: [allocation for _, allocation in self.queue.bound_pods()],
+        self.rediscovery = Rediscovery(
+            backend,
+            self.node.update_gpus,
+            lambda: {i for _, a in self.queue.bound_pods() for i in a.gpu_indices},
+            config.rediscover_interval,
         )
+        self._stopped = threading.Event()
+        self._health_round = threading.Event()
+        """Set to end the current health watch: at stop, or when the GPUs changed (a new
+        watch then follows the new list)."""
+        self._health_thread: threading.Thread | None = None
+        self._rediscovery_thread: threading.Thread | None = None
+        self.node.subscribe(self._on_node_change)
+        self.metrics.watch_gpus(lambda: self.node.snapshot().inventory, self.queue.bound_pods)
 
     def start(self) -> None:
         snapshot = self.node.snapshot()
@@ -157,12 +167,17 @@ class DevicePlugin:
         self._node_watch.start()
         self._pod_watch.start()
         self._health_thread = start_daemon("gpu-health", self._watch_health)
+        if self.config.rediscover_interval > 0:
+            self._rediscovery_thread = start_daemon(
+                "gpu-rediscovery", lambda: self.rediscovery.run(self._stopped)
+            )
         self.registrar.start()
         if self.reconciler is not None:
             self.reconciler.start()
 
     def stop(self) -> None:
         self._stopped.set()
+        self._health_round.set()
         self.registrar.stop()
         self.allocator.follow_ups.stop()
         if self.reconciler is not None:
@@ -172,8 +187,9 @@ class DevicePlugin:
         self.assignments.stop()
         self.inventory.stop()
         self.journal.close()
-        if self._health_thread is not None:
-            self._health_thread.join(timeout=5)
+        for thread in (self._health_thread, self._rediscovery_thread):
+            if thread is not None:
+                thread.join(timeout=5)
 
     def wait_synced(self, timeout: float) -> bool:
         """True once the node and its pods were listed."""
@@ -192,7 +208,8 @@ class DevicePlugin:
             f"device-plugin-dir={self.config.plugin_dir} "
             f"pod-resources-socket={self.config.pod_resources_socket or 'off'} "
             f"allocate-timeout={self.config.answer_within:g}s "
-            f"interposer-dir={self.config.interposer_dir or 'off'}"
+            f"interposer-dir={self.config.interposer_dir or 'off'} "
+            f"rediscover-interval={self.config.rediscover_interval:g}s"
         )
 
     # ----- reactions
@@ -201,8 +218,11 @@ class DevicePlugin:
         failures = 0
         while not self._stopped.is_set():
             started = time.monotonic()
+            self._health_round = watching = threading.Event()
+            if self._stopped.is_set():  # stop() may have set the round before this one
+                return
             try:
-                self.backend.watch_health(self._on_health, self._stopped)
+                self.backend.watch_health(self._on_health, watching)
             except Exception:
                 # One that ran a good while before failing starts a new count.
                 ran_long = time.monotonic() - started > HEALTH_BACKOFF.maximum
@@ -218,7 +238,10 @@ class DevicePlugin:
 
     def _on_node_change(self, snapshot: NodeSnapshot, change: NodeChange) -> None:
         self._publish_feeds(snapshot)
-        if change is NodeChange.HEALTH:
+        self.metrics.missing_gpus(self.rediscovery.missing)
+        if change is NodeChange.GPUS:
+            self._health_round.set()  # the watch follows the GPUs it started with
+        if change is not NodeChange.LABELS:
             self.inventory.publish(snapshot.inventory)
         else:
             log.info(

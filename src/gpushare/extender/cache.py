@@ -37,6 +37,7 @@ from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster import EventType
 from gpushare.errors import AnnotationError, Refusal, Rule
+from gpushare.extender.damaged import DamagedRecords
 from gpushare.extender.fittable import ANONYMOUS, Answers, AnswerTable, NodeFit, State
 from gpushare.extender.nodedetails import ClusterDetails, NodeDetails, node_details
 from gpushare.extender.pendingpod import PendingPod, pending_pod
@@ -44,6 +45,7 @@ from gpushare.extender.policychoice import node_policy
 from gpushare.extender.waiting import RefusedPods, UnservedPods
 from gpushare.fitcache import FitCache
 from gpushare.inventory import adds_room, node_gpus
+from gpushare.labels import NodeMode
 from gpushare.objects import Node, Pod
 from gpushare.placement.fit import (
     Placement,
@@ -84,6 +86,21 @@ class PodRecord:
     """spec.priority (nil counts as 0, as in kube-scheduler): who preemption may evict."""
     deleting: bool = False
     """Deletion asked for: preemption counts its GPUs as freed and never picks it."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuShape:
+    """The most a pod can get on the nodes of one mode."""
+
+    largest_gpu: int
+    """Memory of the largest GPU (GiB)."""
+    most_gpus: int
+    """GPUs of the node that has most."""
+
+    def widened(self, other: "GpuShape") -> "GpuShape":
+        return GpuShape(
+            max(self.largest_gpu, other.largest_gpu), max(self.most_gpus, other.most_gpus)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +161,10 @@ class SchedulerCache:
         """Called (with the lock held) when room appeared on a node while refused pods
         wait: the requeue worker's wake-up (extender.requeue)."""
         self.on_unserved: Callable[[], None] = lambda: None  # pragma: no mutate: no-op
+        self._damaged = DamagedRecords()
+        self.on_damaged: Callable[[], None] = lambda: None  # pragma: no mutate: no-op
+        """Called (with the lock held) when a pod's allocation record is found damaged:
+        the wake-up of the worker that posts an event on it (extender.damaged)."""
         """Called (with the lock held) when a pod naming a scheduler nobody serves is
         noted: the wake-up of the worker that posts their events (extender.unserved)."""
         self._nodes_synced = False
@@ -182,6 +203,7 @@ class SchedulerCache:
                     self._pods[pod.key] = self._record(pod)
                     self._unserved.note(pod)
                     self._refused.note_waiting(pod)
+            self._damaged.relisted(self._pod_problems)
             self._pods_synced = True
             self._rebuild()
             self._capacity_freed(self._nodes)
@@ -211,6 +233,7 @@ class SchedulerCache:
             if event_type is EventType.DELETED or pod.is_finished:
                 self._pods.pop(key, None)
                 self._pod_problems.pop(key, None)
+                self._damaged.gone(key)
                 self._assumed.pop(key, None)
                 self._refused.drop(key)
                 self._unserved.gone(pod)
@@ -285,6 +308,12 @@ class SchedulerCache:
         """The API says the pod is gone."""
         with self._lock:
             self._refused.forget(pod_key, uid)
+
+    def take_damaged(self) -> list[tuple[str, str, str]]:
+        """The pods whose allocation record was found damaged (key, UID, what is wrong)
+        since the last call, each once per problem (extender.damaged)."""
+        with self._lock:
+            return self._damaged.take()
 
     def take_unserved(self) -> list[tuple[str, str, str]]:
         """The pods naming a scheduler nobody serves (key, UID, schedulerName) noted
@@ -404,6 +433,7 @@ class SchedulerCache:
                 assumed=len(self._assumed),
                 refused=len(self._refused),
                 problems=len(self._node_problems) + len(self._pod_problems),
+                damaged=len(self._pod_problems),
             )
 
     def allocatable(self) -> dict[str, dict[str, int]]:
@@ -412,6 +442,21 @@ class SchedulerCache:
         with self._lock:
             names = sorted(set(self._state.nodes) | set(self._node_problems))
             return {name: _our_allocatable(self._nodes.get(name)) for name in names}
+
+    def gpu_shapes(self) -> dict[NodeMode, GpuShape] | None:
+        """Per mode, the largest GPU and the most GPUs of any node in it (what the webhook
+        asks of a request, extender.webhook); None until the nodes are listed."""
+        with self._lock:
+            if not self._nodes_synced:
+                return None
+            shapes: dict[NodeMode, GpuShape] = {}
+            for state in self._state.nodes.values():
+                mode, gpus = state.inventory.mode, state.inventory.gpus
+                if mode is not None and gpus:
+                    shapes[mode] = shapes.get(mode, GpuShape(0, 0)).widened(
+                        GpuShape(max(g.mem for g in gpus), len(gpus))
+                    )
+            return shapes
 
     def pod(self, pod_key: str) -> PodRecord | None:
         """What the watch showed of the pod last (None: not seen, or gone)."""
@@ -503,19 +548,23 @@ class SchedulerCache:
         )
 
     def _record(self, pod: Pod) -> PodRecord:
-        try:
-            allocation = annotation.decode(pod)
+        # A damaged record is never left out: it is charged as ACK's keys say, or held
+        # as an unknown allocation on its node (annotation.read); shown in /inspect, the
+        # log, /metrics and an event on the pod.
+        reading = annotation.read(pod)
+        problem = reading.problem
+        if problem is None:
             self._pod_problems.pop(pod.key, None)
-        except AnnotationError as err:
-            # Left out, never guessed at; shown in /inspect and the log.
-            allocation = None
-            if self._pod_problems.get(pod.key) != str(err):
-                log.warning("pod %s: %s", pod.key, err)
-            self._pod_problems[pod.key] = str(err)
+            self._damaged.gone(pod.key)
+        elif self._pod_problems.get(pod.key) != problem:
+            log.warning("pod %s: %s", pod.key, problem)
+            self._pod_problems[pod.key] = problem
+            if self._damaged.note(pod.key, pod.metadata.uid, problem):
+                self.on_damaged()
         return PodRecord(
             pod.metadata.uid,
             pod.spec.node_name,
-            allocation,
+            reading.allocation,
             pod.spec.priority or 0,
             pod.is_deleting,
         )
@@ -708,6 +757,8 @@ class CacheCounts:
     refused: int
     problems: int
     """Nodes and pods whose annotations could not be read."""
+    damaged: int
+    """Pods whose allocation record cannot be trusted (annotation.read)."""
 
 
 @dataclass(frozen=True, slots=True)

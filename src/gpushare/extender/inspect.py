@@ -46,7 +46,7 @@ def _node(details: NodeDetails) -> dict[str, Any]:
         }
         for gpu in details.gpus
     ]
-    return {
+    report: dict[str, Any] = {
         "name": details.name,
         "mode": details.mode,
         "placementPolicy": details.policy,
@@ -54,3 +54,6 @@ def _node(details: NodeDetails) -> dict[str, Any]:
         "allocatedMemGiB": sum(gpu.allocated_mem for gpu in details.gpus),
         "gpus": gpus,
     }
+    if details.unknown:  # the node takes no GPU pod until these are repaired or gone
+        report["unknownAllocations"] = list(details.unknown)
+    return report

@@ -151,6 +151,17 @@ class _GpuCollector(Collector):
             "gpushare_extender_refused_pods",
             "Pods whose last filter refused every candidate node (requeued when room appears)",
         )
+        damaged = GaugeMetricFamily(
+            "gpushare_extender_damaged_allocation_records",
+            "Pods whose allocation record cannot be trusted (charged as ACK's keys say, or "
+            "held as an unknown allocation on their node)",
+        )
+        unknown = GaugeMetricFamily(
+            "gpushare_scheduler_node_unknown_allocations",
+            "Pods on the node whose allocation is not known; the node takes no new GPU pod "
+            "while it is above 0",
+            labels=["node"],
+        )
         allocatable = GaugeMetricFamily(
             "gpushare_scheduler_node_gpu_allocatable",
             "The node's allocatable of each gpushare resource, as its Node status says "
@@ -161,6 +172,7 @@ class _GpuCollector(Collector):
             for resource in MANAGED_RESOURCES:
                 allocatable.add_metric([name, resource], quantities.get(resource, 0))
         for node in self._cache.nodes_details():
+            unknown.add_metric([node.name], len(node.unknown))
             for gpu in node.gpus:
                 values = [node.name, str(gpu.index), gpu.uuid]
                 mem.add_metric(values, gpu.allocated_mem)
@@ -170,4 +182,5 @@ class _GpuCollector(Collector):
         counts = self._cache.counts()
         assumed.add_metric([], counts.assumed)
         refused.add_metric([], counts.refused)
-        yield from (mem, mem_total, core, pods, assumed, refused, allocatable)
+        damaged.add_metric([], counts.damaged)
+        yield from (mem, mem_total, core, pods, assumed, refused, damaged, unknown, allocatable)

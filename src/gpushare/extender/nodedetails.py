@@ -41,6 +41,8 @@ class NodeDetails:
     mode: str | None = None
     mem: int = 0
     gpus: tuple[GpuDetails, ...] = ()
+    unknown: tuple[str, ...] = ()
+    """Pods the node holds whose allocation is not known: it takes no GPU pod meanwhile."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,5 +95,11 @@ def node_details(
         )
     mode = state.inventory.mode
     return NodeDetails(
-        name, policy, None, mode.value if mode else None, state.inventory.total_mem, tuple(gpus)
+        name,
+        policy,
+        None,
+        mode.value if mode else None,
+        state.inventory.total_mem,
+        tuple(gpus),
+        tuple(sorted(state.unknown)),
     )

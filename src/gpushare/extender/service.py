@@ -20,6 +20,7 @@ from gpushare.extender.app import (
 )
 from gpushare.extender.binder import Binder
 from gpushare.extender.cache import SchedulerCache, interesting
+from gpushare.extender.damaged import DamagedRecordReporter
 from gpushare.extender.limits import DEFAULT_READ_LIMITS, ReadLimits
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.policychoice import validate_default
@@ -112,6 +113,8 @@ class ExtenderService:
         self.cache.on_capacity_freed = self.requeuer.wake
         self.unserved = UnservedReporter(cluster, self.cache, config.scheduler_names)
         self.cache.on_unserved = self.unserved.wake
+        self.damaged = DamagedRecordReporter(cluster, self.cache.take_damaged)
+        self.cache.on_damaged = self.damaged.wake
         self.extender = Extender(
             self.cache, self.binder, self.metrics, config.scheduler_names, config.summary()
         )
@@ -129,6 +132,7 @@ class ExtenderService:
     def start_watching(self) -> "ExtenderService":
         self.requeuer.start()
         self.unserved.start()
+        self.damaged.start()
         self.node_watch.start()
         self.pod_watch.start()
         return self
@@ -141,6 +145,7 @@ class ExtenderService:
         self.pod_watch.stop()
         self.requeuer.stop()
         self.unserved.stop()
+        self.damaged.stop()
 
     def app(self) -> FastAPI:
         """The verbs and the operational endpoints together, for a process that serves

@@ -1,47 +1,60 @@
 """Admission webhook (AdmissionReview admission.k8s.io/v1) for pods.
 
-validate: refuses a pod that breaks a rule of the resource model, with every
-rule it breaks in the message, so `kubectl apply` fails at once instead of the
-pod waiting Pending forever; and warns (admitting it) about a pod that asks for
-our resources under a scheduler name that neither we nor the default scheduler
-serve, which nothing may ever schedule. mutate: sends pods that ask for our
+validate: refuses a pod that breaks a rule of the resource model, or asks for more
+than any node of the modes that can take it has (a larger GPU, more GPUs: it runs in
+the extender's process and asks its cache), with every rule it breaks in the message,
+so `kubectl apply` fails at once instead of the pod waiting Pending forever; and warns
+(admitting it) about a pod that asks for our resources under a scheduler name that
+neither we nor the default scheduler serve, which nothing may ever schedule, or when
+no node of a mode that can take it exists yet. mutate: sends pods that ask for our
 resources and kept the default scheduler to ours (a JSONPatch on
 spec.schedulerName).
 """
 
 import base64
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
-from gpushare.errors import PodRefused, Refusal
+from gpushare.errors import PodRefused, Refusal, Rule
+from gpushare.extender.cache import GpuShape
 from gpushare.extender.policychoice import check_pod_policy
 from gpushare.extender.schedulernames import DEFAULT_SCHEDULER, unserved_scheduler, unserved_warning
 from gpushare.extender.wire import AdmissionReview, WireError, describe
+from gpushare.labels import LABEL_SCHEDULE, NodeMode
 from gpushare.objects import Pod
-from gpushare.request import parse_pod_request, requests_gpu
+from gpushare.request import PodRequest, parse_pod_request, requests_gpu
 
 
 def validate(
-    review: AdmissionReview, served: Sequence[str], policies: Collection[str]
+    review: AdmissionReview,
+    served: Sequence[str],
+    policies: Collection[str],
+    shapes: Mapping[NodeMode, GpuShape] | None = None,
 ) -> dict[str, Any]:
     """`served`: every schedulerName our scheduler serves; `policies`: the names of
-    the placement policies the extender knows."""
+    the placement policies the extender knows; `shapes`: what the nodes of each mode
+    offer at most (None while the extender has not listed them: nothing is refused or
+    warned about for want of a node then)."""
     pod = _pod(review)
     if pod is None:
         return _answer(review, allowed=True)
     unserved = unserved_scheduler(pod, served)
-    extra: dict[str, Any] = {"warnings": [unserved_warning(unserved, served)]} if unserved else {}
+    warnings = [unserved_warning(unserved, served)] if unserved else []
     refusals: list[Refusal] = []
     try:
-        parse_pod_request(pod)
+        request = parse_pod_request(pod)
     except PodRefused as refused:
         refusals.extend(refused.refusals)
+        request = None
+    if request is not None and shapes is not None:
+        refusals.extend(_beyond_every_node(request, shapes, warnings))
     policy = check_pod_policy(pod.metadata.annotations, policies)
     if policy is not None:
         refusals.append(policy)
+    extra: dict[str, Any] = {"warnings": warnings} if warnings else {}
     if not refusals:
         return _answer(review, allowed=True, **extra)
     message = f"gpushare refused pod {_name(review, pod)}: " + "; ".join(map(str, refusals))
@@ -51,6 +64,44 @@ def validate(
         status={"code": 403, "reason": "Forbidden", "message": message},
         **extra,
     )
+
+
+def _beyond_every_node(
+    request: PodRequest, shapes: Mapping[NodeMode, GpuShape], warnings: list[str]
+) -> list[Refusal]:
+    """What no node of a mode that can take the pod could ever give it; a warning
+    instead when there is no such node yet."""
+    modes = [NodeMode.CORE_MEM] if request.uses_core else list(NodeMode)
+    named = " or ".join(modes)
+    known = [shapes[mode] for mode in modes if mode in shapes]
+    if not known:
+        warnings.append(
+            f"no node in mode {named} is known yet: the pod stays Pending until a GPU node "
+            f"is labelled {LABEL_SCHEDULE}={modes[0]} and its gpushare device plugin runs"
+        )
+        return []
+    most = GpuShape(0, 0)
+    for shape in known:
+        most = most.widened(shape)
+    refusals = []
+    for c in request.containers:
+        wants = f"container {c.name!r} asks for {c.describe()}"
+        if c.gpus > most.most_gpus:
+            refusals.append(
+                Refusal(
+                    Rule.MORE_GPUS_THAN_ANY_NODE,
+                    f"{wants}; no node in mode {named} has more than {most.most_gpus} GPUs",
+                )
+            )
+        elif c.mem > most.largest_gpu:
+            refusals.append(
+                Refusal(
+                    Rule.LARGER_THAN_ANY_GPU,
+                    f"{wants}; the largest GPU of any node in mode {named} has "
+                    f"{most.largest_gpu} GiB",
+                )
+            )
+    return refusals
 
 
 def mutate(review: AdmissionReview, scheduler_name: str) -> dict[str, Any]:

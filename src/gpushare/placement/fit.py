@@ -114,6 +114,13 @@ def check_node(view: NodeView, request: PodRequest) -> Refusal | None:
             return host
     if not request.containers:
         return None
+    if view.unknown:
+        return Refusal(
+            Rule.UNKNOWN_ALLOCATION,
+            f"node {view.name} holds pods whose GPU allocation record cannot be trusted "
+            f"({', '.join(view.unknown)}), so what its GPUs have free is not known; it "
+            "takes no GPU pod until their records are repaired or they are deleted",
+        )
     if not view.gpus:
         return Refusal(
             Rule.TOO_FEW_GPUS,

@@ -65,6 +65,13 @@ class MockBackend:
     def device_nodes(self, gpus: Sequence[PhysicalGpu]) -> list[DeviceNode]:
         return []
 
+    def set_gpus(self, gpus: Sequence[Gpu]) -> None:
+        """Replaces the node's GPUs, as if one was added or taken out: the plugin finds
+        them at its next listing (tests)."""
+        with self._lock:
+            self._gpus = tuple(gpus)
+            self._reported = {g.index: self._reported.get(g.index, g.healthy) for g in gpus}
+
     def set_healthy(self, index: int, healthy: bool) -> None:
         if index not in self._reported:
             raise ValueError(f"mock backend has no GPU {index} (it has {len(self._gpus)})")

@@ -2,16 +2,18 @@
 annotations that disagree with it (the kubelet's truth wins)."""
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 
 from gpushare import annotation
+from gpushare import grant as grants
 from gpushare.cluster import EventSeverity
 from gpushare.deviceplugin.api.kubelet.podresources.v1 import api_pb2 as pr
 from gpushare.deviceplugin.api.kubelet.podresources.v1 import api_pb2_grpc as pr_grpc
 from gpushare.deviceplugin.podresources import holdings, list_pod_resources
 from gpushare.deviceplugin.reconcile import EVENT_REASON
-from gpushare.environment import MEM_IDX, NVIDIA_VISIBLE_DEVICES, POD
+from gpushare.environment import GRANT_IN_CONTAINER, MEM_IDX, NVIDIA_VISIBLE_DEVICES, POD
 from gpushare.resources import GPU_CORE, GPU_MEM, MANAGED_RESOURCES
 from tests.deviceplugin.rig import WAIT, eventually
 
@@ -155,3 +157,33 @@ def test_an_assignment_lost_in_a_plugin_restart_is_restored_from_podresources(ma
     [event] = rig.cluster.events
     assert event.severity is EventSeverity.NORMAL
     assert "holds aliyun.com/gpu-mem devices" in event.message
+
+
+def test_after_a_swapped_admission_each_grant_names_the_pod_that_runs_under_it(
+    make_rig, short_tmp
+):
+    """Each container keeps the grant its answer mounted (its caps and GPUs); the grant's
+    names, which the isolation agent shows it by, follow the repair to the pod that holds it."""
+    directory = short_tmp / "interposer"
+    directory.mkdir()
+    (directory / "libgpushare-cuda.so").write_bytes(b"\x7fELF")
+    (directory / "ld.so.preload").write_text("/usr/local/lib/gpushare/libgpushare-cuda.so\n")
+    rig = make_rig(layout="2x16GiB", interposer_dir=directory).start(reconcile_delay=0.5)
+    older = rig.bind("older", [[0]], mem=2)
+    younger = rig.bind("younger", [[1]], mem=2)
+
+    [first] = rig.kubelet.admit(younger)  # answered as older's container
+    [second] = rig.kubelet.admit(older)  # answered as younger's
+
+    def grant_of(answer) -> grants.Grant:
+        [mount] = [m for m in answer.mounts if m.container_path == GRANT_IN_CONTAINER]
+        return grants.decode(Path(mount.host_path).read_bytes())
+
+    assert first.envs[POD] == "default/older"  # what the plugin matched it to
+    assert eventually(lambda: grant_of(first).pod_key == "default/younger", WAIT)
+    assert eventually(lambda: grant_of(second).pod_key == "default/older", WAIT)
+    assert grant_of(first).pod_uid == younger.metadata.uid
+    assert grant_of(second).pod_uid == older.metadata.uid
+    # What each container was started with does not change under it.
+    assert grant_of(first).uuids == (first.envs[NVIDIA_VISIBLE_DEVICES],)
+    assert grant_of(second).uuids == (second.envs[NVIDIA_VISIBLE_DEVICES],)

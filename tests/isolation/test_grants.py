@@ -1,6 +1,7 @@
 """The agent holds a container to its grant (what the node decided, found by the grant in
 its processes' mounts), not to what any of its processes' environments say."""
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from gpushare.environment import ContainerLimits
 from gpushare.grant import Grant
 from gpushare.isolation.backends.port import GIB, GpuProcess
 from gpushare.isolation.backends.procfs import ProcessTable, parse_grant_mount
-from gpushare.isolation.grants import RETRY_S, GrantBook
+from gpushare.isolation.grants import RECHECK_S, RETRY_S, GrantBook
 from gpushare.isolation.pacing import RegionPacer
 from gpushare.isolation.workload import group_containers
 from tests.isolation.regions import make_region, slot_holder
@@ -149,21 +150,39 @@ def test_without_a_readable_grant_the_environment_of_the_contract_holds():
     assert container.cap_bytes(0) == 4 * GIB
 
 
-def test_a_known_container_keeps_its_grant_until_another_is_found():
+def test_a_known_container_keeps_its_limits_while_its_grant_is_the_same():
     book = {GRANT_ID: a_grant(mem_gib=1)}
     first, _ = group_containers([process(1, 0.5, {}, GRANT_ID)], grants=book.get)
-    asked: list[str] = []
-
-    def lookup(grant_id: str) -> Grant | None:
-        asked.append(grant_id)
-        return book.get(grant_id)
-
-    again, _ = group_containers([process(1, 0.5, {}, GRANT_ID)], first, grants=lookup)
-    assert asked == [] and again[CONTAINER_ID].limits == first[CONTAINER_ID].limits
+    again, _ = group_containers([process(1, 0.5, {}, GRANT_ID)], first, grants=book.get)
+    assert again[CONTAINER_ID].limits is first[CONTAINER_ID].limits
     other = "e" * 32
     book[other] = a_grant(other, mem_gib=3)
-    moved, _ = group_containers([process(1, 0.5, {}, other)], again, grants=lookup)
-    assert asked == [other] and moved[CONTAINER_ID].cap_bytes(0) == 3 * GIB
+    moved, _ = group_containers([process(1, 0.5, {}, other)], again, grants=book.get)
+    assert moved[CONTAINER_ID].cap_bytes(0) == 3 * GIB
+    book[other] = dataclasses.replace(book[other], pod="renamed")
+    renamed, _ = group_containers([process(1, 0.5, {}, other)], moved, grants=book.get)
+    assert renamed[CONTAINER_ID].pod == "ml/renamed"
+
+
+def test_a_corrected_grant_is_taken_up_with_its_names_only(tmp_path, caplog):
+    """The plugin corrects the names of a grant answered for another pod than the one the
+    kubelet admitted; the caps the container started with are never changed by a file."""
+    path = write(tmp_path, a_grant(mem_gib=1))
+    book = GrantBook(tmp_path)
+    first = book.get(GRANT_ID, now=0.0)
+    assert first is not None and book.get(GRANT_ID, now=0.5) is first
+    corrected = dataclasses.replace(a_grant(mem_gib=8), namespace="ml", pod="other")
+    partial = path.with_name("partial")
+    partial.write_bytes(grants.encode(corrected))
+    partial.replace(path)
+
+    assert book.get(GRANT_ID, now=0.9) is first  # not looked at again within RECHECK_S
+    with caplog.at_level(logging.INFO):
+        later = book.get(GRANT_ID, now=0.0 + RECHECK_S + 0.1)
+    assert later is not None and later.pod_key == "ml/other"
+    assert later.mem_bytes == first.mem_bytes == (GIB,)
+    assert "now names ml/other container main (was ml/granted container main)" in caplog.text
+    assert book.get(GRANT_ID, now=RECHECK_S * 3) is later  # unchanged since: the same object
 
 
 def test_the_agent_finds_a_granted_containers_region_in_its_grants_folder(tmp_path):

@@ -33,7 +33,7 @@ from gpushare.deviceplugin.assignment import AssignmentWriter
 from gpushare.deviceplugin.backends.port import GpuBackend
 from gpushare.deviceplugin.deadline import ANSWER_WITHIN_S, Deadline
 from gpushare.deviceplugin.devices import preferred_ids
-from gpushare.deviceplugin.interposer import Injection, InterposerMounts
+from gpushare.deviceplugin.interposer import Injection, InterposerMounts, grant_mounted
 from gpushare.deviceplugin.journal import Grant, GrantJournal
 from gpushare.deviceplugin.metrics import Call, PluginMetrics, Refusal
 from gpushare.deviceplugin.node import LocalNode, NodeSnapshot
@@ -239,6 +239,7 @@ class Allocator:
                 waiting.pod.key,
                 waiting.container.name,
                 waiting.container.gpus,
+                interposer_grant=grant_mounted(response.mounts),
             )
         )
         if match.complete and not match.reallocation:

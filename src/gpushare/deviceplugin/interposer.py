@@ -14,11 +14,12 @@ Until the agent has installed the library nothing is added: the container runs w
 it and the agent enforces after the fact.
 """
 
+import dataclasses
 import logging
 import os
 import shutil
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -33,6 +34,7 @@ from gpushare.environment import (
     REGION_FILE,
     ContainerLimits,
 )
+from gpushare.objects import Pod
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +130,38 @@ class InterposerMounts:
         if gone:
             log.info("removed the grants and accounting directories of %d pod(s) gone", len(gone))
         return sorted(gone)
+
+
+    def relabel(self, grant_id: str, pod: Pod, container: str) -> bool:
+        """Names the pod and container that really run under the grant, where the kubelet
+        admitted another container than the plugin matched (a repair): the caps and GPUs
+        stay those the container was started with; what the agent shows it as changes.
+        False when there is no such grant to correct."""
+        path = self.grant_dir(grant_id) / grants.GRANT_FILE
+        try:
+            grant = grants.decode(path.read_bytes())
+        except (OSError, grants.GrantError) as err:
+            log.warning("grant %s cannot be corrected to %s: %s", grant_id, pod.key, err)
+            return False
+        corrected = dataclasses.replace(
+            grant,
+            pod_uid=pod.metadata.uid,
+            namespace=pod.metadata.namespace,
+            pod=pod.metadata.name,
+            container=container,
+        )
+        if corrected != grant:
+            _write_atomically(path, grants.encode(corrected))
+            log.info("grant %s now names %s container %s", grant_id, pod.key, container)
+        return True
+
+
+def grant_mounted(mounts: Iterable[pb.Mount]) -> str:
+    """The ID of the grant an Allocate answer mounts; '' when it mounts none."""
+    for mount in mounts:
+        if mount.container_path == GRANT_IN_CONTAINER:
+            return Path(mount.host_path).parent.name
+    return ""
 
 
 def _pod_uid_of(folder: Path) -> str | None:

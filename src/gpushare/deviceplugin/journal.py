@@ -43,6 +43,9 @@ class Grant:
     container: str
     gpus: tuple[GpuSlice, ...]
     at: float = field(default_factory=time.monotonic)
+    interposer_grant: str = ""
+    """The ID of the grant (gpushare.grant) the answer mounted; '' without the interposer.
+    Kept in memory only: it names the container's pod, which a repair may correct."""
 
     @property
     def target(self) -> tuple[str, str]:

@@ -91,6 +91,7 @@ class DevicePlugin:
         self.journal = GrantJournal(config.plugin_dir / FILE_NAME)
         self.assignments = AssignmentWriter(cluster)
         self.inventory = InventoryPublisher(cluster, config.node_name)
+        interposer = InterposerMounts(config.interposer_dir) if config.interposer_dir else None
         self.reconciler = (
             Reconciler(
                 config.pod_resources_socket,
@@ -102,6 +103,7 @@ class DevicePlugin:
                 config.reconcile_delay,
                 config.reconcile_interval,
                 ready=lambda: self._pod_watch.synced.is_set(),
+                interposer=interposer,
             )
             if config.pod_resources_socket is not None
             else None
@@ -116,7 +118,7 @@ class DevicePlugin:
             on_granted=self.reconciler.poke if self.reconciler else lambda: None,
             answer_within=config.answer_within,
             watch_trouble=self.watch_trouble,
-            interposer=(InterposerMounts(config.interposer_dir) if config.interposer_dir else None),
+            interposer=interposer,
         )
         self.registrar = Registrar(
             config.plugin_dir,

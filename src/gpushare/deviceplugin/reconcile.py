@@ -19,6 +19,7 @@ from gpushare.allocation import PodAllocation
 from gpushare.cluster import Cluster, EventSeverity, ObjectRef
 from gpushare.deviceplugin.admission import AdmissionQueue
 from gpushare.deviceplugin.assignment import AssignmentWriter, patch_allocation
+from gpushare.deviceplugin.interposer import InterposerMounts
 from gpushare.deviceplugin.journal import GrantJournal
 from gpushare.deviceplugin.metrics import PluginMetrics
 from gpushare.deviceplugin.podresources import holdings, list_pod_resources
@@ -45,8 +46,10 @@ class Reconciler(Worker):
         delay: float = 2.0,
         interval: float = 60.0,
         ready: Callable[[], bool] = lambda: True,
+        interposer: InterposerMounts | None = None,
     ) -> None:
         super().__init__("reconciler", join_timeout=10)
+        self._interposer = interposer
         self.socket = socket
         self._queue = queue
         self._assignments = assignments
@@ -134,6 +137,8 @@ class Reconciler(Worker):
             return
         uid = pod.metadata.uid
         for repair in repairs:
+            if repair.interposer_grant and self._interposer is not None:
+                self._interposer.relabel(repair.interposer_grant, pod, repair.container)
             if repair.assigned:
                 self._queue.mark_served(uid, repair.container, repair.resources)
             else:

@@ -30,6 +30,9 @@ class Repair:
     resources: tuple[str, ...]
     """Resources the kubelet reports the container holds (answered ones)."""
     message: str
+    interposer_grant: str = ""
+    """The grant of the answer the container runs with, when the plugin matched that answer
+    to another container: it names the wrong pod until corrected."""
 
     @property
     def moves(self) -> bool:
@@ -101,6 +104,7 @@ def _swap(
                 f"the kubelet gave container {holder[1]} the devices the plugin answered for "
                 f"{_name(target)}, whose GPU slices have another shape; marked assigned, "
                 f"GPU placement left as the scheduler wrote it (check the pod's environment)",
+                grant.interposer_grant,
             )
         ]
     holder_gpus = _placed(container.gpus, grant.gpus)
@@ -114,6 +118,7 @@ def _swap(
             f"the kubelet gave container {holder[1]} the devices the plugin answered for "
             f"{_name(target)}; it runs on GPU {_indices(holder_gpus)} as that answer said, "
             f"and its allocation now records that",
+            grant.interposer_grant,
         )
     ]
     target_container = _container(allocations, target)

@@ -21,8 +21,12 @@ class ObservedContainer:
     processes: tuple[GpuProcess, ...]
     grant_id: str = ""
     """The grant in its processes' mounts; '' for a container without one."""
-    granted: bool = False
-    """Its limits come from that grant (else from its environment)."""
+    grant: Grant | None = None
+    """That grant, read: its limits come from it (else from its environment)."""
+
+    @property
+    def granted(self) -> bool:
+        return self.grant is not None
 
     @property
     def pod(self) -> str:
@@ -81,9 +85,9 @@ def group_containers(
     A container with a grant is held to it: any of its processes, whatever its
     environment (a child started with another cap, or with none), is the container's.
     Without one, processes without the contract environment are not ours and are left
-    alone. Limits of a `known` container are reused while its grant is the same, or
-    without one while its environment is the same object (backends hand out one
-    environment per process for its lifetime)."""
+    alone. Limits of a `known` container are reused while its grant is the same object
+    (the book hands out one per file), or without one while its environment is the same
+    object (backends hand out one environment per process for its lifetime)."""
     grouped: dict[str, list[GpuProcess]] = {}
     for process in processes:
         grouped.setdefault(process.container_key, []).append(process)
@@ -92,20 +96,26 @@ def group_containers(
     for key, members in grouped.items():
         grant_id = next((p.grant_id for p in members if p.grant_id), "")
         before = (known or {}).get(key)
-        if (
-            before is not None
-            and before.grant_id == grant_id
-            and (before.granted or before.processes[0].environ is members[0].environ)
-        ):
-            containers[key] = ObservedContainer(
-                key, before.limits, before.pod_uid, tuple(members), grant_id, before.granted
-            )
-            continue
         grant = grants(grant_id) if grant_id and grants is not None else None
         if grant is not None:
-            pod_uid = members[0].pod_uid or grant.pod_uid
+            kept = before is not None and before.grant is grant
             containers[key] = ObservedContainer(
-                key, grant.limits(), pod_uid, tuple(members), grant_id, granted=True
+                key,
+                before.limits if kept and before is not None else grant.limits(),
+                members[0].pod_uid or grant.pod_uid,
+                tuple(members),
+                grant_id,
+                grant,
+            )
+            continue
+        if (
+            before is not None
+            and before.grant is None
+            and before.grant_id == grant_id
+            and before.processes[0].environ is members[0].environ
+        ):
+            containers[key] = ObservedContainer(
+                key, before.limits, before.pod_uid, tuple(members), grant_id
             )
             continue
         try:

@@ -20,6 +20,7 @@ counts in a region (launches held, the time they waited, allocations refused) th
 reads back for its metrics.
 """
 
+import functools
 import logging
 from collections.abc import Collection, Mapping
 from pathlib import Path
@@ -62,9 +63,9 @@ class RegionPacer:
         """The region in the accounting directory of the container's grant; for a
         container started before grants (no grant in its mounts), the directory the
         plugin made by its pod UID and container name."""
-        if container.grant_id:
-            return self._regions.parent / GRANTS / container.grant_id / REGION_DIR / REGION_FILE
-        return self._regions / container.pod_uid / container.limits.container / REGION_FILE
+        return _region_path(
+            self._regions, container.grant_id, container.pod_uid, container.limits.container
+        )
 
     def paced(self, observed: Mapping[str, ObservedContainer]) -> frozenset[str]:
         """The containers of `observed` paced at their launches now; regions of containers
@@ -225,6 +226,13 @@ class RegionPacer:
                 container.pod,
                 "" if not stray else f" (pid {min(p.pid for p in stray)} is not attached)",
             )
+
+
+@functools.lru_cache(maxsize=4096)  # asked every slice for every container: joins add up
+def _region_path(regions: Path, grant_id: str, pod_uid: str, name: str) -> Path:
+    if grant_id:
+        return regions.parent / GRANTS / grant_id / REGION_DIR / REGION_FILE
+    return regions / pod_uid / name / REGION_FILE
 
 
 def _unattached(processes: Collection[GpuProcess], view: RegionView | None) -> list[GpuProcess]:

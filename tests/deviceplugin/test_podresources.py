@@ -159,9 +159,7 @@ def test_an_assignment_lost_in_a_plugin_restart_is_restored_from_podresources(ma
     assert "holds aliyun.com/gpu-mem devices" in event.message
 
 
-def test_after_a_swapped_admission_each_grant_names_the_pod_that_runs_under_it(
-    make_rig, short_tmp
-):
+def test_after_a_swapped_admission_each_grant_names_the_pod_that_runs_under_it(make_rig, short_tmp):
     """Each container keeps the grant its answer mounted (its caps and GPUs); the grant's
     names, which the isolation agent shows it by, follow the repair to the pod that holds it."""
     directory = short_tmp / "interposer"

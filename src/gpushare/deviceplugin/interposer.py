@@ -131,7 +131,6 @@ class InterposerMounts:
             log.info("removed the grants and accounting directories of %d pod(s) gone", len(gone))
         return sorted(gone)
 
-
     def relabel(self, grant_id: str, pod: Pod, container: str) -> bool:
         """Names the pod and container that really run under the grant, where the kubelet
         admitted another container than the plugin matched (a repair): the caps and GPUs

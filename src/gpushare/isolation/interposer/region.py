@@ -323,7 +323,7 @@ _FREE_BLOCK: Final = bytes(4 * _BLOCK)
 def _taken(pids: memoryview) -> list[tuple[int, int]]:
     """(slot, pid) of the slots whose pid is not 0."""
     data = pids.tobytes()
-    found = []
+    found: list[tuple[int, int]] = []
     for start in range(0, len(pids), _BLOCK):
         if data[4 * start : 4 * (start + _BLOCK)] == _FREE_BLOCK:
             continue

@@ -25,6 +25,13 @@
  *   FAKE_CUDA_KERNELS=sleep                  kernels sleep rather than busy-wait, leaving
  *                                            the CPU to others (as a CPU waits on a GPU)
  *
+ * Context limits as the real driver keeps them: each context starts with a 1 KiB stack
+ * per thread and an 8 MiB malloc heap (and a 1 MiB printf FIFO); cuCtxSetLimit takes
+ * from the device what a raise reserves beyond those defaults (the heap's bytes; the
+ * stack's times FAKE_SMS x FAKE_THREADS_PER_SM, the threads the device holds resident, as
+ * cuDeviceGetAttribute says) and refuses when the device has not that much, and a lower
+ * gives it back. fakecuda_reached counts it; the defaults are context memory, not counted.
+ *
  * Kernels take time: a launch busy-waits gridDimX microseconds (a graph launch, the
  * graph-exec handle's value in microseconds), one at a time per device.
  * cuGetProcAddress(_v2) answers as CUDA 12's: a base name, a CUDA version and the
@@ -86,8 +93,13 @@ static int initialised;
 static uint64_t next_key = 1;
 static uint64_t next_address = 1ull << 40; /* reserved virtual address ranges */
 static pthread_mutex_t books = PTHREAD_MUTEX_INITIALIZER;
+#define FAKE_SMS 4
+#define FAKE_THREADS_PER_SM 1024
+#define LIMITS 3 /* stack, printf FIFO, malloc heap: CU_LIMIT_* 0 .. 2 */
+static const size_t default_limit[LIMITS] = {1024, 1u << 20, 8u << 20};
 static struct ctx {
     int device;
+    size_t limit[LIMITS];
 } contexts[MAX_DEVICES];
 static __thread struct ctx *current;
 #define MAX_POOLS 256
@@ -182,6 +194,7 @@ static void configure(void) {
             d->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
         }
         contexts[device_count].device = device_count;
+        memcpy(contexts[device_count].limit, default_limit, sizeof default_limit);
         pools[device_count].device = device_count;
         device_pool[device_count] = &pools[device_count];
         device_count++;
@@ -262,6 +275,20 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice device) {
     CUresult rc = valid_device(device);
     if (rc == CUDA_SUCCESS)
         *bytes = devices[device].total;
+    return rc;
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attribute, CUdevice device) {
+    called(__func__);
+    CUresult rc = valid_device(device);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (value != NULL && attribute == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        *value = FAKE_SMS;
+    else if (value != NULL && attribute == CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)
+        *value = FAKE_THREADS_PER_SM;
+    else
+        rc = CUDA_ERROR_INVALID_VALUE;
     return rc;
 }
 
@@ -467,6 +494,53 @@ static CUresult in_context(int *device) {
         return CUDA_ERROR_INVALID_CONTEXT;
     *device = current->device;
     return CUDA_SUCCESS;
+}
+
+/* What `value` of `limit` reserves beyond its default: the heap's bytes, the stack's for
+ * every resident thread, the printf FIFO's nothing (kept in context memory). */
+static int limit_extra(CUlimit limit, size_t value, uint64_t *bytes) {
+    uint64_t per_unit = limit == CU_LIMIT_STACK_SIZE ? FAKE_SMS * FAKE_THREADS_PER_SM
+                        : limit == CU_LIMIT_MALLOC_HEAP_SIZE ? 1
+                                                             : 0;
+    uint64_t over = value > default_limit[limit] ? value - default_limit[limit] : 0;
+    return __builtin_mul_overflow(over, per_unit, bytes) ? -1 : 0;
+}
+
+EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
+    called(__func__);
+    int device;
+    CUresult rc = in_context(&device);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (limit < 0 || limit >= LIMITS)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&books);
+    uint64_t before, after;
+    limit_extra(limit, current->limit[limit], &before);
+    if (limit_extra(limit, value, &after) != 0)
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    else if (after > before)
+        rc = charge(device, after - before);
+    else
+        discharge(device, before - after);
+    if (rc == CUDA_SUCCESS)
+        current->limit[limit] = value;
+    pthread_mutex_unlock(&books);
+    return rc;
+}
+
+EXPORT CUresult cuCtxGetLimit(size_t *value, CUlimit limit) {
+    called(__func__);
+    int device;
+    CUresult rc = in_context(&device);
+    if (rc == CUDA_SUCCESS && (value == NULL || limit < 0 || limit >= LIMITS))
+        rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) {
+        pthread_mutex_lock(&books);
+        *value = current->limit[limit];
+        pthread_mutex_unlock(&books);
+    }
+    return rc;
 }
 
 static CUresult context_alloc(uint64_t bytes, char kind, uint64_t *key) {
@@ -1064,6 +1138,8 @@ static const struct proc {
     P(cuCtxCreate, 3020, 0, cuCtxCreate_v2) P(cuCtxDestroy, 4000, 0, cuCtxDestroy_v2)
     P(cuCtxSetCurrent, 4000, 0, cuCtxSetCurrent) P(cuCtxGetCurrent, 4000, 0, cuCtxGetCurrent)
     P(cuCtxGetDevice, 2000, 0, cuCtxGetDevice)
+    P(cuCtxSetLimit, 3010, 0, cuCtxSetLimit) P(cuCtxGetLimit, 3010, 0, cuCtxGetLimit)
+    P(cuDeviceGetAttribute, 2000, 0, cuDeviceGetAttribute)
     P(cuMemAlloc, 2000, 0, cuMemAlloc) P(cuMemAlloc, 3020, 0, cuMemAlloc_v2)
     P(cuMemAllocPitch, 2000, 0, cuMemAllocPitch) P(cuMemAllocPitch, 3020, 0, cuMemAllocPitch_v2)
     P(cuMemAllocAsync, 11020, 0, cuMemAllocAsync)

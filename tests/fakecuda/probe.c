@@ -12,6 +12,8 @@
  *                            a synchronize of its stream, which empties a default pool)
  *   info | info_v1 | info_null   cuMemGetInfo_v2, cuMemGetInfo, cuMemGetInfo_v2(NULL, NULL)
  *   launch KIND MICROS       a kernel of MICROS microseconds by KIND (see launches[])
+ *   limit KIND BYTES         cuCtxSetLimit of KIND (stack, printf, heap), then
+ *                            cuCtxGetLimit: what the context's limit is now
  *   reached DEVICE           the fake's bytes allocated on DEVICE
  *   calls FUNCTION           the fake's count of calls of FUNCTION
  *   sleep MS
@@ -38,6 +40,7 @@ CUresult cuInit(unsigned int flags);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice device);
 CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice device);
+CUresult cuCtxGetLimit(size_t *value, CUlimit limit);
 unsigned long long fakecuda_reached(int device);
 long fakecuda_calls(const char *name);
 unsigned long long fakecuda_busy_ns(void);
@@ -52,6 +55,7 @@ static const struct {
     {"cuDevicePrimaryCtxRetain", (void *)cuDevicePrimaryCtxRetain},
     {"cuCtxSetCurrent", (void *)cuCtxSetCurrent},
     {"cuDeviceGetDefaultMemPool", (void *)cuDeviceGetDefaultMemPool},
+    {"cuCtxGetLimit", (void *)cuCtxGetLimit},
     {"fakecuda_reached", (void *)fakecuda_reached},
     {"fakecuda_calls", (void *)fakecuda_calls},
     {"fakecuda_busy_ns", (void *)fakecuda_busy_ns},
@@ -107,6 +111,7 @@ static void *find(const char *name, const char *base, int version, int per_threa
 typedef CUresult (*cuInit_fn)(unsigned int);
 typedef CUresult (*cuDevicePrimaryCtxRetain_fn)(CUcontext *, CUdevice);
 typedef CUresult (*cuCtxSetCurrent_fn)(CUcontext);
+typedef CUresult (*cuCtxGetLimit_fn)(size_t *, CUlimit);
 typedef unsigned long long (*fakecuda_reached_fn)(int);
 typedef long (*fakecuda_calls_fn)(const char *);
 typedef unsigned long long (*fakecuda_busy_ns_fn)(void);
@@ -343,6 +348,18 @@ int main(int argc, char **argv) {
         } else if (strcmp(command, "launch") == 0) {
             unsigned micros = (unsigned)atoi(argv[i + 2]);
             printf("launch kind=%s rc=%d\n", arg, launch(arg, micros));
+            i += 2;
+        } else if (strcmp(command, "limit") == 0) {
+            const char *names[] = {"stack", "printf", "heap"};
+            CUlimit limit = 0;
+            while (limit < 2 && strcmp(names[limit], arg) != 0)
+                limit++;
+            size_t now = 0;
+            CUresult rc = ((cuCtxSetLimit_fn)find("cuCtxSetLimit", "cuCtxSetLimit", 12000, 0))(
+                limit, strtoull(argv[i + 2], NULL, 10));
+            CUresult got = ((cuCtxGetLimit_fn)find("cuCtxGetLimit", "cuCtxGetLimit", 12000, 0))(
+                &now, limit);
+            printf("limit kind=%s rc=%d now=%zu get_rc=%d\n", names[limit], rc, now, got);
             i += 2;
         } else if (strcmp(command, "reached") == 0) {
             i++;

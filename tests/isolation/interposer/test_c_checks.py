@@ -131,8 +131,10 @@ def _clean(result: subprocess.CompletedProcess[str]) -> None:
          "alloc", "mem", str(1024 * MIB)],  # the second is refused at the 1 GiB cap
         ["init", "0", "launch", "cuLaunchKernel", "10", "launch", "cuLaunchKernelEx", "10",
          "free", "7"],
+        ["init", "0", "limit", "heap", str(64 * MIB), "limit", "stack", str(1 << 20),
+         "limit", "stack", str(1 << 62), "limit", "printf", str(MIB), "limit", "heap", "0"],
     ],
-    ids=["allocations-and-views", "managed-async-vmm", "refused", "launches-nvml"],
+    ids=["allocations-and-views", "managed-async-vmm", "refused", "launches-nvml", "limits"],
 )  # fmt: skip
 def test_the_probe_paths_run_clean_under_the_sanitizers(sanitized: Container, commands):
     _clean(sanitized.run_probe("dlsym", *commands))

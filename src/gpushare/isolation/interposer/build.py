@@ -31,13 +31,18 @@ SOURCES: Final = (
     "devices.c",
     "grant.c",
     "region.c",
+    "held.c",
     "memory.c",
+    "vmm.c",
+    "pools.c",
+    "limits.c",
+    "view.c",
     "launch.c",
     "symbols.c",
     "nvml.c",
     "dlsym_entry.S",
 )
-HEADERS: Final = ("cuda_abi.h", "grant.h", "hooks.h", "hooks.def", "region.h")
+HEADERS: Final = ("cuda_abi.h", "grant.h", "hooks.h", "hooks.def", "memory.h", "region.h")
 FLAGS: Final = (
     "-O2",
     "-fPIC",

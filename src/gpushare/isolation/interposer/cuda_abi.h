@@ -86,6 +86,20 @@ typedef struct {
     unsigned char reserved[56];
 } CUmemPoolProps;
 
+/* Context limits (CUlimit): the stack is bytes per thread, the heap bytes per context. */
+typedef int CUlimit;
+enum {
+    CU_LIMIT_STACK_SIZE = 0,
+    CU_LIMIT_PRINTF_FIFO_SIZE = 1,
+    CU_LIMIT_MALLOC_HEAP_SIZE = 2,
+};
+
+typedef int CUdevice_attribute;
+enum {
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+    CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39,
+};
+
 typedef int CUarray_format;
 enum {
     CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,

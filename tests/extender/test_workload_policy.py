@@ -85,3 +85,16 @@ def test_the_default_placement_flag_selects_ours_and_filter_teaches_it(cluster, 
     assert learning.epoch > epoch
     shapes = dict(learning.workload.tasks)
     assert shapes[TaskShape(gpus=1, mem=4)] > 0.5
+
+
+def test_the_default_placement_places_10_10_and_20_gib_pods_on_two_t4s_and_an_a10(
+    cluster, scheduler_for
+):
+    # Issue 40: learning from the first pods, the look-ahead kept 14 GiB of the A10 for
+    # another 10 GiB pod and the 20 GiB pod stayed Pending. Until the learned workload
+    # predicts the pods, a slice takes the fullest GPU it fits on.
+    cluster.add_node(node("n", "2x16GiB:T4,1x24GiB:A10"))
+    s = scheduler_for(default_placement=LookaheadFgdPolicy.name)
+    for name, mem, gpu in (("a", 10, 0), ("b", 10, 1), ("c", 20, 2)):
+        assert s.schedule(s.submit(pod(name, mem=mem))) == "n"
+        assert allocation_of(cluster, "default", name).gpu_indices == (gpu,)

@@ -22,9 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from gpushare.isolation.agent import REFRESH_S
 from gpushare.isolation.backends.mock import MemoryStep
 from gpushare.isolation.backends.port import GIB
 from gpushare.isolation.backends.procfs import ProcessTable, parse_ns_pid
+from gpushare.isolation.failclosed import MAX_BYTES
 from gpushare.isolation.interposer.region import REGION_BYTES, Refusal, Region
 from gpushare.isolation.memory import MIB
 from gpushare.labels import NodeMode
@@ -429,3 +431,85 @@ def test_a_region_truncated_under_the_agent_does_not_kill_it(tmp_path: Path) -> 
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "0"  # alive, and the container no longer paced
+
+
+# --- Processes that fail closed -------------------------------------------------------
+# Each keeps `refusing-<pid>` in its container's accounting directory (the library cannot
+# trust its grant, cap, region or slot, so refuses every allocation); the agent reads them
+# once a second, as untrusted input, into gpushare_isolation_allocations_failed_closed_total
+# (their counts summed, never going back) and gpushare_isolation_processes_failed_closed.
+
+ALLOCATIONS = "gpushare_isolation_allocations_failed_closed_total"
+PROCESSES = "gpushare_isolation_processes_failed_closed"
+REFRESH_TICKS = round(REFRESH_S / SLICE) + 1
+
+
+def refusing(count: int, reason: str = "ALIYUN_COM_GPU_MEM_CONTAINER=abc is not a cap") -> bytes:
+    """What the library writes."""
+    return f"{count:020d}\n{reason}\n".encode()
+
+
+def directory(node: Node, name: str = "evil") -> Path:
+    return node.path[name].parent
+
+
+def failed_closed(node: Node, name: str = "evil") -> tuple[float | None, float | None]:
+    """(allocations, processes) the agent exports for the container, after a refresh."""
+    node.ticks(REFRESH_TICKS)
+    labels = container_labels(node.r, name)
+    del labels["gpu"]
+    return node.sample(ALLOCATIONS, labels), node.sample(PROCESSES, labels)
+
+
+def test_the_counter_is_the_sum_of_the_containers_files(node: Node) -> None:
+    assert failed_closed(node) == (0, 0)
+    (directory(node) / "refusing-10").write_bytes(refusing(3))
+    (directory(node) / "refusing-11").write_bytes(refusing(4, "region is foreign"))
+
+    assert failed_closed(node) == (7, 2)
+    assert failed_closed(node, "good") == (0, 0)
+
+
+def test_forged_files_are_skipped_without_error(node: Node, tmp_path: Path) -> None:
+    here = directory(node)
+    (here / "refusing-12").write_bytes(refusing(5))
+    (here / "refusing-13").write_bytes(b"garbage\n")
+    (here / "refusing-14").write_bytes(refusing(6) + b"x" * (2 * MAX_BYTES))  # huge
+    (here / "refusing-15").write_bytes(refusing(7)[:-1])  # no final newline
+    (here / "refusing-16").write_bytes(f"{7:021d}\nwhy\n".encode())  # 21 digits
+    (here / "refusing-17").write_bytes(f"{2**64:020d}\nwhy\n".encode())  # beyond 64 bits
+    (here / "refusing-18").write_bytes(refusing(8, "a" * 201))  # reason too long
+    os.mkfifo(here / "refusing-19")  # opened without waiting for a writer
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(refusing(1000))
+    (here / "refusing-20").symlink_to(elsewhere)
+    (here / "refusing-21").mkdir()
+    for name in ("refusing-x", "refusing-012", "refusing-", "refusing-22.tmp"):
+        (here / name).write_bytes(refusing(100))
+
+    assert failed_closed(node) == (5, 1)  # ticks() bounds every tick's time, too
+    assert node.shown_paced("evil")  # the region itself is untouched
+
+
+def test_deleting_or_rewriting_files_does_not_take_the_counter_back(node: Node) -> None:
+    here = directory(node)
+    for pid, count in ((30, 3), (31, 4), (32, 5)):
+        (here / f"refusing-{pid}").write_bytes(refusing(count))
+    assert failed_closed(node) == (12, 3)
+
+    (here / "refusing-30").unlink()
+    (here / "refusing-31").write_bytes(refusing(1))
+    assert failed_closed(node) == (12, 2)
+
+    (here / "refusing-32").write_bytes(refusing(9))  # its process refused 4 more
+    assert failed_closed(node) == (16, 2)
+
+
+def test_a_container_forgotten_drops_its_series(node: Node) -> None:
+    (directory(node) / "refusing-40").write_bytes(refusing(2))
+    assert failed_closed(node) == (2, 1)
+
+    node.r.backend.remove(node.r.key("evil"))
+    node.r.clock.advance(node.r.agent.config.forget_after_s + 1)
+    node.r.agent.tick()
+    assert failed_closed(node) == (None, None)

@@ -14,7 +14,9 @@ allocation seen in one tick is acted on in that same tick:
 5. decide the slice on each GPU; hold the launches of paced containers at each GPU's
    gate in their region (pacing), and freeze every other container that may not run
    (slicer: a container on several GPUs runs only when all of them let it);
-6. publish the control tree (treeview, then the codec) and the metrics.
+6. publish the control tree (treeview, then the codec) and the metrics; once a second,
+   with what the interposer's processes that fail closed left in each container's
+   accounting directory (failclosed).
 
 The agent only wires these parts together and keeps the loop's timing.
 """
@@ -30,6 +32,7 @@ from gpushare.isolation import slicer
 from gpushare.isolation.backends.port import GpuBackend
 from gpushare.isolation.clock import Clock
 from gpushare.isolation.control import ControlTree
+from gpushare.isolation.failclosed import FailedClosedBook
 from gpushare.isolation.grants import GrantBook
 from gpushare.isolation.memory import (
     SLACK_MOST_BYTES,
@@ -122,6 +125,7 @@ class IsolationAgent:
             RegionPacer(config.interposer_dir, config.slice_s) if config.interposer_dir else None
         )
         self._paced: frozenset[str] = frozenset()
+        self._failed_closed = FailedClosedBook()
         self._view = TreeView(
             config.version,
             devices,
@@ -196,11 +200,13 @@ class IsolationAgent:
                 self._memory.forget(key)
                 if self._pacer is not None:
                     self._pacer.forget(key)
+                self._failed_closed.forget(key)
             since = None if self._last_refresh is None else now - self._last_refresh
             refresh = since is None or since >= REFRESH_S - self.config.slice_s / 2
             if refresh:
                 self._last_refresh = now
                 self._roster.refresh_utilisation()
+                self._read_failed_closed(observed)
             for write in self._tree.poll(read_only_too=refresh):
                 if not self._settings.apply(write):
                     self.metrics.refused_writes.labels(self.metrics.node, write.name).inc()
@@ -225,6 +231,16 @@ class IsolationAgent:
             self._tree.publish(content)
             self._publish_metrics(content, observed)
 
+    def _read_failed_closed(self, observed: Mapping[str, ObservedContainer]) -> None:
+        """What the interposer's processes that fail closed left in each container's
+        accounting directory (once per refresh: a directory listing each)."""
+        if self._pacer is None:
+            return
+        for key, container in observed.items():
+            directory = self._pacer.accounting_directory(container)
+            if directory is not None:
+                self._failed_closed.read(key, directory)
+
     def _publish_metrics(
         self, content: TreeContent, observed: Mapping[str, ObservedContainer]
     ) -> None:
@@ -237,6 +253,7 @@ class IsolationAgent:
             backstops=self._memory.backstops,
             distrusts=self._pacer.distrusts,
             distrusted=len(self._pacer.distrusted()),
+            failed_closed=self._failed_closed.of,
         )
 
     def content(self) -> TreeContent:

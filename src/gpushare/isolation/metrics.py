@@ -2,12 +2,14 @@
 
 Per container and GPU: memory used against its cap, compute used against its share, the
 time it was held back, and what the CUDA interposer counted in its region (launches held
-at the gate, allocations refused at the cap). Per GPU: utilisation, memory, policy and
-whether the agent can see it. A container's series carry `namespace`, `pod` and
-`container` as Kubernetes names them, so they join with kube-state-metrics, and its
-`container_id`. Its series are created at 0 when the agent first publishes it, moved from
-the next publish on (so that increase() sees an event found at the agent's first look at
-it), and removed when it is forgotten; the node's and each GPU's exist from the start.
+at the gate, allocations refused at the cap). Per container: its region distrusted, and
+its processes that fail closed (what they left in its accounting directory). Per GPU:
+utilisation, memory, policy and whether the agent can see it. A container's series carry
+`namespace`, `pod` and `container` as Kubernetes names them, so they join with
+kube-state-metrics, and its `container_id`. Its series are created at 0 when the agent
+first publishes it, moved from the next publish on (so that increase() sees an event
+found at the agent's first look at it), and removed when it is forgotten; the node's and
+each GPU's exist from the start.
 """
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -16,6 +18,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gpushare.isolation.failclosed import FailedClosed
 from gpushare.isolation.interposer.region import GpuUsage, Refusal
 from gpushare.isolation.memory import MemoryAction
 from gpushare.isolation.treecodec import FILE_NAMES, ContainerEntry, TreeContent
@@ -136,6 +139,21 @@ class AgentMetrics:
             "garbled header, I/O failing), by why; meanwhile it is frozen and capped after "
             "the fact like a container without the interposer",
             [*REGION_LABELS, "reason"],
+            registry=r,
+        )
+        self.allocations_failed_closed = Counter(
+            "gpushare_isolation_allocations_failed_closed",
+            "Allocations the CUDA interposer refused because it failed closed (it cannot "
+            "trust the container's grant, cap, region or slot): every allocation of such a "
+            "process is refused, whatever its cap",
+            list(REGION_LABELS),
+            registry=r,
+        )
+        self.processes_failed_closed = Gauge(
+            "gpushare_isolation_processes_failed_closed",
+            "refusing-<pid> files in the container's accounting directory at the latest "
+            "read, one per process that failed closed (it stays after the process exits)",
+            list(REGION_LABELS),
             registry=r,
         )
         self.distrusted_regions = Gauge(
@@ -261,11 +279,13 @@ class AgentMetrics:
         backstops: Callable[[str, int], int] = lambda key, gpu: 0,
         distrusts: Callable[[str], Mapping[Refusal, int]] = lambda key: {},
         distrusted: int = 0,
+        failed_closed: Callable[[str], FailedClosed] = lambda key: FailedClosed(),
     ) -> None:
         """Set the gauges from what the control tree shows and move the counters on by what
         the interposer's regions count (by container and GPU), the backstop's actions on
-        paced containers (by container and GPU) and the times each container's region was
-        distrusted (cumulative counts each); gone containers are dropped. A container's
+        paced containers (by container and GPU), the times each container's region was
+        distrusted and the allocations its processes refused failing closed (cumulative
+        counts each); gone containers are dropped. A container's
         counters first published here move from the next publish on."""
         interposer = interposer or {}
         present: set[tuple[str, int]] = set()
@@ -283,7 +303,7 @@ class AgentMetrics:
                 labels = container_labels(self.node, gpu.index, c)
                 if c.id not in containers:  # once per container, on its first GPU
                     containers.add(c.id)
-                    self._publish_region(c.id, labels, distrusts(c.id))
+                    self._publish_region(c.id, labels, distrusts(c.id), failed_closed(c.id))
                 series = self._series.get(at)
                 if series is None:
                     series = self._add(at, labels)
@@ -313,22 +333,33 @@ class AgentMetrics:
             labels = self._regions.pop(key).labels
             for refusal in Refusal:
                 self.region_distrusted.remove(*labels, refusal)
+            self.allocations_failed_closed.remove(*labels)
+            self.processes_failed_closed.remove(*labels)
 
     def _publish_region(
-        self, key: str, labels: tuple[str, ...], counts: Mapping[Refusal, int]
+        self,
+        key: str,
+        labels: tuple[str, ...],
+        counts: Mapping[Refusal, int],
+        failed: FailedClosed,
     ) -> None:
-        """The container's region series: created at 0 when first published, moved on by
-        `counts` from the next publish on."""
+        """The container's series as a whole: counters created at 0 when first published,
+        moved on by `counts` and `failed` from the next publish on."""
         node, _, *rest = labels
         region = self._regions.get(key)
+        new = region is None
         if region is None:
             region = self._regions[key] = _RegionSeries((node, *rest))
+        self.processes_failed_closed.labels(*region.labels).set(failed.processes)
+        refused = self.allocations_failed_closed.labels(*region.labels)
+        if new:
             for refusal in Refusal:
                 self.region_distrusted.labels(*region.labels, refusal)
             return
         for refusal, count in counts.items():
             counter = self.region_distrusted.labels(*region.labels, refusal)
             self._advance(region.seen, refusal, count, counter)
+        self._advance(region.seen, "failed_closed", failed.allocations, refused)
 
     def _add(self, at: tuple[str, int], labels: tuple[str, ...]) -> _ContainerSeries:
         series = _ContainerSeries(

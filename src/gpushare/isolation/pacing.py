@@ -67,6 +67,12 @@ class RegionPacer:
             self._regions, container.grant_id, container.pod_uid, container.limits.container
         )
 
+    def accounting_directory(self, container: ObservedContainer) -> Path | None:
+        """The directory of the container's region; None when it cannot be told."""
+        if not container.pod_uid and not container.grant_id:
+            return None
+        return self.region_path(container).parent
+
     def paced(self, observed: Mapping[str, ObservedContainer]) -> frozenset[str]:
         """The containers of `observed` paced at their launches now; regions of containers
         no longer observed are closed."""

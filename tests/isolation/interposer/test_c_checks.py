@@ -145,6 +145,14 @@ def test_getprocaddress_and_link_paths_run_clean_too(sanitized: Container):
     _clean(sanitized.run_probe("link", "init", "0", "alloc", "mem", str(MIB), "free", "0"))
 
 
+def test_a_process_that_fails_closed_runs_clean_and_counts_in_its_file(sanitized: Container):
+    sanitized.caps = "abc"
+    _clean(sanitized.run_probe("link", "init", "0", "alloc", "mem", str(MIB), "alloc", "mem", "1"))
+    assert sanitized.region is not None
+    [counted] = sanitized.region.parent.glob("refusing-*")
+    assert counted.read_text().startswith(f"{2:020d}\n")
+
+
 def test_a_sanitizer_report_would_fail_these_tests(sanitized: Container, tmp_path: Path):
     """The check itself: a library with a heap overflow, preloaded the same way, is caught."""
     source = tmp_path / "overflow.c"

@@ -28,6 +28,7 @@ SOURCES: Final = (
     "config.c",
     "resolve.c",
     "log.c",
+    "refusals.c",
     "devices.c",
     "grant.c",
     "region.c",

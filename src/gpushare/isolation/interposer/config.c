@@ -86,6 +86,7 @@ static const char *read_config(int *granted) {
     case GS_GRANT_OK:
         config = grant.config;
         *granted = 1;
+        gs_refusals_beside(grant.region);
         return grant.region;
     case GS_GRANT_BAD:
         gs_refuse("grant %s: %s", GS_GRANT_PATH, why);
@@ -99,6 +100,7 @@ static const char *read_config(int *granted) {
         gs_log(3, "no grant and " GS_ENV_REGION " unset: passing every call through");
         return NULL;
     }
+    gs_refusals_beside(path);
     return read_environment() == 0 ? path : NULL;
 }
 

@@ -63,6 +63,13 @@ extern struct gs_state gs;
 /* Fails closed for the rest of the process, logging why once (level 1). */
 void gs_refuse(const char *format, ...) __attribute__((format(printf, 1, 2)));
 
+/* What a process that fails closed leaves in its accounting directory (refusals.c): the
+ * directory is the region's, known before anything can fail on it; begin makes the
+ * process's refusing-<pid> file saying why; count adds an allocation refused to it. */
+void gs_refusals_beside(const char *region_path);
+void gs_refusals_begin(const char *why);
+void gs_refusals_count(void);
+
 /* Every hook starts here: reads the environment and resolves the real driver on the
  * first call, reattaches a forked child; afterwards one load and a branch. */
 void gs_enter_cuda(void);

@@ -1,7 +1,7 @@
 /*
  * What the library says and when: its log lines on stderr (GPUSHARE_CUDA_LOG chooses how
  * many), the clock every timestamp in the region is taken from, and the one way a
- * process fails closed.
+ * process fails closed (leaving a file that says so, refusals.c).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -34,6 +34,7 @@ void gs_refuse(const char *format, ...) {
     va_start(args, format);
     vsnprintf(refusal, sizeof refusal, format, args);
     va_end(args);
+    gs_refusals_begin(refusal); /* before any thread can refuse: the file says why */
     gs.active = 0;
     gs.refusing = refusal;
     gs_log(1, "refusing every allocation: %s", refusal);

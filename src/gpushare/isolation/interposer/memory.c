@@ -21,9 +21,13 @@ CUresult gs_context_gpu(int *gpu) {
 int gs_capping(void) { return gs.active || gs.refusing != NULL; }
 
 /* A process that fails closed, or a GPU that is not the container's, is refused
- * (config.c or devices.c said why, once). */
+ * (config.c or devices.c said why, once); the former counted where the node sees it. */
 CUresult gs_admit(int gpu, uint64_t bytes) {
-    if (gs.refusing != NULL || gpu < 0)
+    if (gs.refusing != NULL) {
+        gs_refusals_count();
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (gpu < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (gs_reserve(gpu, bytes))
         return CUDA_SUCCESS;

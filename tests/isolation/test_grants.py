@@ -204,3 +204,14 @@ def test_the_agent_finds_a_granted_containers_region_in_its_grants_folder(tmp_pa
     with slot_holder(region, slot=0, pid=7):
         assert pacer.paced({CONTAINER_ID: container}) == {CONTAINER_ID}
     pacer.close()
+
+
+def test_a_grant_mounted_over_the_nodes_does_not_replace_it():
+    """A process that mounts a file of its own over /etc/gpushare/grant (in a user and
+    mount namespace of its own) still lists the node's mount first: that one counts."""
+    forged = "f" * 32
+    text = mountinfo(f"/var/lib/gpushare/interposer/grants/{GRANT_ID}/grant") + (
+        f"99 22 0:44 /tmp/grants/{forged}/grant {environment.GRANT_IN_CONTAINER} rw - overlay "
+        "overlay rw\n"
+    )
+    assert parse_grant_mount(text) == GRANT_ID

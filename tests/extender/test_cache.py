@@ -6,10 +6,11 @@ from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster import EventType
 from gpushare.errors import Refusal
-from gpushare.extender.cache import CacheCounts, SchedulerCache, interesting
+from gpushare.extender.cache import CacheCounts, GpuShape, SchedulerCache, interesting
 from gpushare.extender.inspect import cluster_report
 from gpushare.extender.pendingpod import PendingPod
 from gpushare.inventory import NODE_GPUS_ANNOTATION, parse_layout
+from gpushare.labels import NodeMode
 from gpushare.objects import Node, PodStatus
 from gpushare.placement.lookahead import LookaheadFgdPolicy
 from gpushare.placement.policies import POLICIES, BinpackPolicy
@@ -768,3 +769,20 @@ def test_bind_gets_the_pod_filter_saw_until_the_watch_shows_it_bound_or_going():
     again = again.model_copy(update={"metadata": again.metadata.model_copy(update={"uid": "r2"})})
     cache.apply_pod(EventType.ADDED, again)
     assert cache.filtered("default/r", "uid-r") is None  # made again since
+
+
+def test_the_gpu_shapes_the_webhook_asks_for_follow_every_node_change():
+    cache = started()
+    shapes = cache.gpu_shapes()
+    assert shapes == {NodeMode.CGPU: GpuShape(16, 1)}
+    assert cache.gpu_shapes() is shapes  # kept: the webhook asks for every pod
+    cache.apply_node(EventType.ADDED, node("m", "2x24GiB"))
+    assert cache.gpu_shapes() == {NodeMode.CGPU: GpuShape(24, 2)}
+    cache.apply_node(EventType.MODIFIED, node("m", "4x8GiB"))
+    assert cache.gpu_shapes() == {NodeMode.CGPU: GpuShape(16, 4)}
+    cache.apply_node(EventType.MODIFIED, node("m", "4x8GiB", mode="share"))
+    assert cache.gpu_shapes() == {NodeMode.CGPU: GpuShape(16, 1), NodeMode.SHARE: GpuShape(8, 4)}
+    cache.apply_node(EventType.DELETED, node("m", "4x8GiB", mode="share"))
+    assert cache.gpu_shapes() == {NodeMode.CGPU: GpuShape(16, 1)}
+    cache.replace_nodes([node("k", "8x80GiB")])  # a listing without n
+    assert cache.gpu_shapes() == {NodeMode.CGPU: GpuShape(80, 8)}

@@ -52,3 +52,21 @@ def test_interposer_bench_prints_the_added_cost_of_each_call():
     assert set(rows) == {"cuMemAlloc_v2", "cuMemFree_v2", "cuLaunchKernel", "cuMemFree_v2@10000"}
     assert all(len(row) == 7 and int(row[5]) < 100_000 for row in rows.values()), run.stdout
     assert pair.startswith("cuLaunchKernel p50 with two processes of one container"), pair
+
+
+def test_bind_bench_holds_bind_p50_near_its_record():
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bind_bench.py"), "--nodes", "200", "--pods", "120",
+         "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )  # fmt: skip
+    print(run.stdout)  # the figures, in CI's output (pytest -s, or -rP)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    for verb in ("webhook", "filter", "prioritize", "bind"):
+        assert sum(line.startswith(f"{verb:<11} p50") for line in lines) == 1, run.stdout
+    assert any(line.startswith("extender CPU per pod") for line in lines), run.stdout
+    assert lines[-1].startswith("bind p50") and lines[-1].endswith("PASS"), run.stdout

@@ -3,19 +3,22 @@ the preload file and the container's grant (what the node decided) read-only, th
 own accounting directory read-write, and GPUSHARE_CUDA_REGION naming the region in it
 (deviceplugin/interposer.py)."""
 
+import logging
 from pathlib import Path
 
 import pytest
 
 from gpushare import grant as grants
+from gpushare.deviceplugin.interposer import InterposerMounts, grant_mounted
 from gpushare.environment import (
     ACCOUNTING_DIR_IN_CONTAINER,
     CUDA_REGION,
     GRANT_IN_CONTAINER,
     INTERPOSER_IN_CONTAINER,
+    ContainerLimits,
 )
 from gpushare.resources import GPU_CORE, GPU_MEM
-from tests.builders import container
+from tests.builders import container, pod
 from tests.deviceplugin.rig import eventually
 
 
@@ -211,3 +214,66 @@ def test_without_an_interposer_directory_nothing_is_injected(make_rig):
     rig = make_rig(layout="1x16GiB", mode="cgpu").start()
     [main] = rig.kubelet.admit(rig.bind("plain", [[0]], mem=2))
     assert main.mounts == [] and CUDA_REGION not in main.envs
+
+
+def a_limits(pod: str = "team/train") -> ContainerLimits:
+    return ContainerLimits(
+        pod=pod,
+        container="main",
+        gpu_uuids=("GPU-a",),
+        gpu_indices=(0,),
+        mem_gib=(2,),
+        dev_mem_gib=(16,),
+        core_percent=(0,),
+    )
+
+
+def test_a_grant_is_renamed_to_the_pod_that_runs_under_it(short_tmp, caplog):
+    mounts = InterposerMounts(installed(short_tmp / "interposer"))
+    injection = mounts.for_container("uid-a", a_limits())
+    assert injection is not None
+    grant_id = grant_mounted(injection.mounts)
+    holder = pod("other", namespace="elsewhere")
+
+    with caplog.at_level(logging.INFO):
+        assert mounts.relabel(grant_id, holder, "side")
+
+    grant = grants.decode((mounts.grant_dir(grant_id) / "grant").read_bytes())
+    assert (grant.pod_uid, grant.pod_key, grant.container) == (
+        "uid-other",
+        "elsewhere/other",
+        "side",
+    )
+    assert grant.mem_bytes == (2 << 30,)
+    assert f"grant {grant_id} now names elsewhere/other container side" in caplog.text
+
+
+def test_a_grant_that_cannot_be_renamed_says_so(short_tmp, caplog):
+    mounts = InterposerMounts(installed(short_tmp / "interposer"))
+    holder = pod("other", namespace="elsewhere")
+    with caplog.at_level(logging.WARNING):
+        assert not mounts.relabel("0" * 32, holder, "side")
+    assert f"grant {'0' * 32} cannot be corrected to elsewhere/other: " in caplog.text
+
+
+def test_an_answer_without_a_grant_mounts_none():
+    assert grant_mounted([]) == ""
+
+
+def test_prune_says_which_pods_it_removed(short_tmp, caplog):
+    directory = installed(short_tmp / "interposer")
+    mounts = InterposerMounts(directory)
+    kept = mounts.for_container("uid-kept", a_limits())
+    gone = mounts.for_container("uid-gone", a_limits("team/gone"))
+    assert kept is not None and gone is not None
+    (directory / "regions").mkdir()
+    (directory / "regions" / "uid-old").mkdir()
+    (directory / "regions" / "a-file").write_text("not a pod's directory")
+
+    with caplog.at_level(logging.INFO):
+        assert mounts.prune({"uid-kept"}) == ["uid-gone", "uid-old"]
+
+    assert (directory / "regions" / "a-file").is_file()
+    assert mounts.grant_dir(grant_mounted(kept.mounts)).is_dir()
+    assert not mounts.grant_dir(grant_mounted(gone.mounts)).exists()
+    assert "removed the grants and accounting directories of 2 pod(s) gone" in caplog.text

@@ -215,3 +215,73 @@ def test_a_grant_mounted_over_the_nodes_does_not_replace_it():
         "overlay rw\n"
     )
     assert parse_grant_mount(text) == GRANT_ID
+
+
+def test_a_grant_that_could_not_be_read_is_asked_for_again_after_retry_s(tmp_path):
+    book = GrantBook(tmp_path)
+    assert book.get(GRANT_ID, now=100.0) is None
+    write(tmp_path, a_grant())
+    assert book.get(GRANT_ID, now=100.0 + RETRY_S - 0.5) is None
+    assert book.get(GRANT_ID, now=100.0 + RETRY_S) == a_grant()
+
+
+def test_the_warning_names_the_grant_and_why(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        GrantBook(tmp_path).get(GRANT_ID, now=0.0)
+    [record] = caplog.records
+    assert record.getMessage().startswith(f"grant {GRANT_ID} cannot be read ([Errno 2]")
+    assert record.getMessage().endswith("its container is held to the limits in its environment")
+
+
+def test_an_unchanged_grant_file_is_not_read_again(tmp_path, monkeypatch):
+    write(tmp_path, a_grant())
+    book = GrantBook(tmp_path)
+    first = book.get(GRANT_ID, now=0.0)
+    loads: list[str] = []
+    load = GrantBook._load
+
+    def counted(self: GrantBook, grant_id: str, now: float):  # type: ignore[no-untyped-def]
+        loads.append(grant_id)
+        return load(self, grant_id, now)
+
+    monkeypatch.setattr(GrantBook, "_load", counted)
+    assert book.get(GRANT_ID, now=RECHECK_S) is first  # checked at exactly RECHECK_S
+    assert book.get(GRANT_ID, now=5 * RECHECK_S) is first
+    assert loads == []
+
+
+def test_a_grant_rewritten_with_the_same_names_stays_the_same_object(tmp_path):
+    path = write(tmp_path, a_grant(mem_gib=1))
+    book = GrantBook(tmp_path)
+    first = book.get(GRANT_ID, now=0.0)
+    partial = path.with_name("partial")
+    partial.write_bytes(grants.encode(a_grant(mem_gib=4)))  # caps are never taken up
+    partial.replace(path)
+    assert book.get(GRANT_ID, now=RECHECK_S) is first
+
+
+def test_a_correction_takes_the_pod_uid_and_container_too(tmp_path):
+    path = write(tmp_path, a_grant())
+    book = GrantBook(tmp_path)
+    book.get(GRANT_ID, now=0.0)
+    partial = path.with_name("partial")
+    moved = dataclasses.replace(a_grant(), pod_uid="uid-2", namespace="other", container="side")
+    partial.write_bytes(grants.encode(moved))
+    partial.replace(path)
+    later = book.get(GRANT_ID, now=RECHECK_S)
+    assert later is not None
+    assert (later.pod_uid, later.pod_key, later.container) == ("uid-2", "other/granted", "side")
+    assert book.get(GRANT_ID, now=2 * RECHECK_S) is later  # its file's stamp is kept
+
+
+def test_the_book_keeps_at_most_max_kept_grants(tmp_path, monkeypatch):
+    monkeypatch.setattr("gpushare.isolation.grants.MAX_KEPT", 2)
+    ids = [f"{n:032x}" for n in range(3)]
+    for grant_id in ids:
+        write(tmp_path, a_grant(grant_id))
+    book = GrantBook(tmp_path)
+    for grant_id in ids:
+        assert book.get(grant_id, now=0.0) is not None
+    (tmp_path / "grants" / ids[0] / "grant").unlink()
+    assert book.get(ids[0], now=0.0) is None  # the oldest was let go, and is gone now
+    assert book.get(ids[2], now=0.0) is not None

@@ -20,6 +20,18 @@ CUresult gs_context_gpu(int *gpu) {
 
 int gs_capping(void) { return gs.active || gs.refusing != NULL; }
 
+/* Before a request the cap would refuse while pools keep memory: ask the driver what they
+ * still hold (a synchronize the library did not see may have released it). */
+static void make_room(int gpu, uint64_t bytes) {
+    if (gs_region == NULL || gs_pools_keeping() == 0)
+        return;
+    const struct gs_gpu *g = &gs_region->gpus[gpu];
+    uint64_t cap = gs_cap(gpu);
+    uint64_t used = __atomic_load_n(&g->used_bytes, __ATOMIC_RELAXED);
+    if (cap && (used > cap || bytes > cap - used))
+        gs_pools_settle();
+}
+
 /* A process that fails closed, or a GPU that is not the container's, is refused
  * (config.c or devices.c said why, once); the former counted where the node sees it. */
 CUresult gs_admit(int gpu, uint64_t bytes) {
@@ -29,6 +41,7 @@ CUresult gs_admit(int gpu, uint64_t bytes) {
     }
     if (gpu < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    make_room(gpu, bytes);
     if (gs_reserve(gpu, bytes))
         return CUDA_SUCCESS;
     gs_log(2, "refused %llu bytes on GPU %d: over its cap of %llu (%llu in use)",
@@ -45,19 +58,6 @@ CUresult gs_settle(CUresult rc, enum gs_kind kind, uint64_t key, int gpu, uint64
     else
         gs_unreserve(gpu, bytes);
     return rc;
-}
-
-/* Before a request the cap would refuse while pools keep memory: ask the driver what they
- * still hold (a synchronize the library did not see may have released it). */
-uint64_t gs_room(int gpu, uint64_t bytes) {
-    if (gpu < 0 || gs_region == NULL || gs_pools_keeping() == 0)
-        return bytes;
-    const struct gs_gpu *g = &gs_region->gpus[gpu];
-    uint64_t cap = gs_cap(gpu);
-    uint64_t used = __atomic_load_n(&g->used_bytes, __ATOMIC_RELAXED);
-    if (cap && (used > cap || bytes > cap - used))
-        gs_pools_settle();
-    return bytes;
 }
 
 void gs_memory_forked(void) {
@@ -92,7 +92,7 @@ static void release(enum gs_kind kind, uint64_t key, CUresult rc) {
         int gpu;                                                                \
         CUresult rc = gs_context_gpu(&gpu);                                     \
         if (rc == CUDA_SUCCESS)                                                 \
-            rc = gs_admit(gpu, gs_room(gpu, bytes));                            \
+            rc = gs_admit(gpu, bytes);                            \
         if (rc != CUDA_SUCCESS)                                                 \
             return rc;                                                          \
         rc = GS_CALL_CUDA(name, __VA_ARGS__);                                   \
@@ -140,7 +140,7 @@ static CUresult undo_v2(uint64_t p) { return GS_CALL_CUDA(cuMemFree_v2, (CUdevic
         uint64_t reserved = pitched(width, height);                                    \
         CUresult rc = gs_context_gpu(&gpu);                                            \
         if (rc == CUDA_SUCCESS)                                                        \
-            rc = gs_admit(gpu, gs_room(gpu, reserved));                                \
+            rc = gs_admit(gpu, reserved);                                \
         if (rc != CUDA_SUCCESS)                                                        \
             return rc;                                                                 \
         rc = GS_CALL_CUDA(name, __VA_ARGS__);                                          \
@@ -196,7 +196,7 @@ static uint64_t mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned level
         uint64_t bytes = bytes_of;                                                          \
         CUresult rc = gs_context_gpu(&gpu);                                                 \
         if (rc == CUDA_SUCCESS)                                                             \
-            rc = gs_admit(gpu, gs_room(gpu, bytes));                                        \
+            rc = gs_admit(gpu, bytes);                                        \
         if (rc != CUDA_SUCCESS)                                                             \
             return rc;                                                                      \
         rc = GS_CALL_CUDA(name, __VA_ARGS__);                                               \

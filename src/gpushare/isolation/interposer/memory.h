@@ -47,11 +47,9 @@ int gs_capping(void);
 /* The region entry of the calling thread's device (-1: not capped here). */
 CUresult gs_context_gpu(int *gpu);
 
-/* Reserve before the driver; CUDA_SUCCESS lets the call go on. */
+/* Reserve before the driver (asking pools what they still keep first, when the cap
+ * would refuse); CUDA_SUCCESS lets the call go on. */
 CUresult gs_admit(int gpu, uint64_t bytes);
-
-/* `bytes`, after asking pools what they still keep when the cap would refuse it. */
-uint64_t gs_room(int gpu, uint64_t bytes);
 
 /* After the driver: keep the reservation with what it allocated, or give it back. */
 CUresult gs_settle(CUresult rc, enum gs_kind kind, uint64_t key, int gpu, uint64_t bytes);

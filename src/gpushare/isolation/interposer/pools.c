@@ -241,7 +241,7 @@ static CUresult context_pool(uint64_t *pool, int *gpu) {
         if (gpu < 0)                                                               \
             return gs_admit(gpu, bytesize); /* refused: not the container's GPU */ \
         uint64_t taken = pool_key ? pool_claim(pool_key, bytesize) : 0;            \
-        rc = gs_admit(gpu, gs_room(gpu, bytesize - taken));                        \
+        rc = gs_admit(gpu, bytesize - taken);                        \
         if (rc != CUDA_SUCCESS) {                                                  \
             pthread_mutex_lock(&gs_held_lock);                                     \
             pool_unclaim_locked(pool_key, taken);                                  \

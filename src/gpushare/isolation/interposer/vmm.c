@@ -14,7 +14,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     if (!gs_capping() || prop == NULL || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return GS_CALL_CUDA(cuMemCreate, handle, size, prop, flags);
     int gpu = gs_gpu_of_device(prop->location.id);
-    CUresult rc = gs_admit(gpu, gs_room(gpu, size));
+    CUresult rc = gs_admit(gpu, size);
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = GS_CALL_CUDA(cuMemCreate, handle, size, prop, flags);

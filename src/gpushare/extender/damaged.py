@@ -8,14 +8,12 @@ pod in its book of them (`DamagedRecords`) and this worker posts one Warning eve
 problem: again only when the record changes and is still wrong.
 """
 
-import logging
 from collections.abc import Callable, Container
 from typing import Final
 
-from gpushare.cluster import Cluster, ClusterError, EventSeverity, ObjectRef
+from gpushare.cluster import Cluster
 from gpushare.extender.background import BackgroundWorker
-
-log = logging.getLogger(__name__)
+from gpushare.extender.podevents import post_pod_warning
 
 ALLOCATION_RECORD_DAMAGED: Final = "AllocationRecordDamaged"
 
@@ -66,20 +64,7 @@ class DamagedRecordReporter(BackgroundWorker):
 
     def work(self) -> int:
         """Posts the event of each pod noted since the last call; how many were posted."""
-        posted = 0
-        for key, uid, problem in self._take():
-            namespace, name = key.split("/", 1)
-            try:
-                self._cluster.record_event(
-                    ObjectRef("Pod", name, namespace, uid),
-                    EventSeverity.WARNING,
-                    ALLOCATION_RECORD_DAMAGED,
-                    problem,
-                )
-            except ClusterError as err:
-                log.warning(
-                    "could not post the %s event of pod %s: %s", ALLOCATION_RECORD_DAMAGED, key, err
-                )
-                continue
-            posted += 1
-        return posted
+        return sum(
+            post_pod_warning(self._cluster, key, uid, ALLOCATION_RECORD_DAMAGED, problem)
+            for key, uid, problem in self._take()
+        )

@@ -13,9 +13,10 @@ import logging
 from collections.abc import Sequence
 from typing import Final
 
-from gpushare.cluster import Cluster, ClusterError, EventSeverity, ObjectRef
+from gpushare.cluster import Cluster
 from gpushare.extender.background import BackgroundWorker
 from gpushare.extender.cache import SchedulerCache
+from gpushare.extender.podevents import post_pod_warning
 from gpushare.extender.schedulernames import unserved_warning
 
 log = logging.getLogger(__name__)
@@ -37,18 +38,8 @@ class UnservedReporter(BackgroundWorker):
         """Posts the event of each pod noted since the last call; how many were posted."""
         posted = 0
         for key, uid, name in self._cache.take_unserved():
-            namespace, pod_name = key.split("/", 1)
-            try:
-                self._cluster.record_event(
-                    ObjectRef("Pod", pod_name, namespace, uid),
-                    EventSeverity.WARNING,
-                    SCHEDULER_NOT_SERVED,
-                    unserved_message(name, self._served),
-                )
-            except ClusterError as err:
-                log.warning(
-                    "could not post the %s event of pod %s: %s", SCHEDULER_NOT_SERVED, key, err
-                )
+            message = unserved_message(name, self._served)
+            if not post_pod_warning(self._cluster, key, uid, SCHEDULER_NOT_SERVED, message):
                 continue
             log.info(
                 'pod %s names schedulerName "%s", which nobody serves: event posted', key, name

@@ -285,3 +285,16 @@ def test_the_book_keeps_at_most_max_kept_grants(tmp_path, monkeypatch):
     (tmp_path / "grants" / ids[0] / "grant").unlink()
     assert book.get(ids[0], now=0.0) is None  # the oldest was let go, and is gone now
     assert book.get(ids[2], now=0.0) is not None
+
+
+def test_only_the_head_of_a_long_mountinfo_is_read(tmp_path):
+    """A tenant that makes many mounts of its own lists them after the node's."""
+    proc = tmp_path / "proc"
+    (proc / "7").mkdir(parents=True)
+    node_mounts = mountinfo(f"/n/grants/{GRANT_ID}/grant")
+    filler = "".join(f"{100 + n} 22 0:9 / /tmp/m{n} rw - tmpfs tmpfs rw\n" for n in range(20000))
+    late = f"99 22 0:44 /x/grants/{'f' * 32}/grant {environment.GRANT_IN_CONTAINER} rw - x x rw\n"
+    (proc / "7" / "mountinfo").write_text(filler + late)
+    assert ProcessTable(proc).grant(7) == ""  # the late one is past what is read
+    (proc / "7" / "mountinfo").write_text(node_mounts + filler)
+    assert ProcessTable(proc).grant(7) == GRANT_ID

@@ -76,6 +76,11 @@ def parse_cgroup(text: str) -> CgroupRef | None:
     return None
 
 
+MOUNTINFO_MOST: Final = 256 * 1024
+"""What is read of a process's mountinfo: its container's own mounts, the grant among
+them, come first (a mount made later, in a namespace of its own, is listed after the
+ones it inherited); a tenant that makes thousands of mounts does not make every
+observation read megabytes."""
 _GRANT_ROOT: Final = re.compile(r"/grants/(?P<id>[0-9a-f]{32})/grant$")
 
 
@@ -157,7 +162,7 @@ class ProcessTable:
         """The ID of the grant its container was given; '' when none (or it is gone). A
         process's mounts do not change under it: read once per PID."""
         if pid not in self._grants:
-            text = self._read(pid, "mountinfo")
+            text = self._read(pid, "mountinfo", MOUNTINFO_MOST)
             if text is None:
                 return ""
             self._grants[pid] = parse_grant_mount(text.decode(errors="replace"))
@@ -216,9 +221,10 @@ class ProcessTable:
                 return int(parts[0])
         return default
 
-    def _read(self, pid: int, name: str) -> bytes | None:
+    def _read(self, pid: int, name: str, most: int | None = None) -> bytes | None:
         try:
-            return (self.root / str(pid) / name).read_bytes()
+            with open(self.root / str(pid) / name, "rb") as file:
+                return file.read(-1 if most is None else most)
         except OSError:
             # Gone (it exited), or not ours to read: either way there is nothing to act on.
             return None

@@ -16,7 +16,6 @@ it and the agent enforces after the fact.
 
 import dataclasses
 import logging
-import os
 import shutil
 import uuid
 from collections.abc import Collection, Iterable
@@ -180,11 +179,10 @@ def _pod_uid_of(folder: Path) -> str | None:
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    """Readers see the whole grant or none: written beside, then renamed over."""
+    """Readers see the whole grant or none: written beside, then renamed over. Not synced
+    to disk (it is written in Allocate): after a crash of the node the kubelet allocates
+    again, and that answer writes a grant of its own."""
     partial = path.with_name(f".{path.name}.partial")
-    with open(partial, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
+    partial.write_bytes(data)
     partial.chmod(0o644)
     partial.replace(path)

@@ -1,6 +1,9 @@
 """The environment of a container: the cGPU contract between the device plugin
 (which writes it in Allocate) and the isolation agent (which reads it back from
-/proc/<pid>/environ, so enforcement needs no API access)."""
+/proc/<pid>/environ, so enforcement needs no API access). A container under the CUDA
+interposer can change its processes' environment; for it, the node's grant
+(gpushare.grant, written beside from the same limits) is what the library and the agent
+hold it to."""
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass

@@ -14,10 +14,14 @@ loopback and gpushare-extender with the chart's scheduler ServiceAccount). Then:
    as the tier starts it.
 2. Sets of `--pods` pods in the order `--order` gives (plain: no extended resource,
    so kube-scheduler binds them itself without calling the extender; gpu: one
-   container asking aliyun.com/gpu-mem of 1, 2, 4 or 8 GiB in turn, so the webhook,
-   the extender's filter/prioritize and its bind all run), each set created by
-   `--threads` threads. A set's rate is its pods over first create -> last bind as
-   one watch on the namespace sees spec.nodeName.
+   container asking aliyun.com/gpu-mem of 1, 2, 4 or 8 GiB in turn, or with
+   `--pod-gib 1-4` of 1-4 GiB at random as bench/bind_bench.py asks, so the
+   webhooks (the API server calls them at each creation, as in production), the
+   extender's filter/prioritize and its bind all run), each set created by
+   `--threads` threads. With `--node-update-every N`, every N pods created one
+   API-only node's annotations change (a node watch event kube-scheduler and the
+   extender both apply), as in bench/bind_bench.py. A set's rate is its pods over
+   first create -> last bind as one watch on the namespace sees spec.nodeName.
 3. CPU seconds (utime+stime from /proc/PID/stat) of kube-scheduler, the extender,
    kube-apiserver and etcd over each set, per pod; and, for gpu sets, the extender's
    own request latency by verb (its gpushare_extender_request_duration_seconds
@@ -34,13 +38,15 @@ kube-scheduler's CPU per pod.
 Run (root, under the cluster lock):
   GPUSHARE_E2E_K8S_BIN=/work/shared/k8s/v1.33.3 flock /tmp/gpushare-cluster.lock \
     .venv/bin/python bench/scheduler_throughput_bench.py [--order plain,gpu,gpu,plain] \
-    [--default-placement fgd-lookahead] [--py-spy OUT.txt]
+    [--pod-gib 1-4] [--node-update-every 10] [--default-placement fgd-lookahead] \
+    [--py-spy OUT.txt]
 """
 
 import argparse
 import contextlib
 import json
 import os
+import random
 import re
 import ssl
 import subprocess
@@ -48,7 +54,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +75,8 @@ BENCH_LABEL = "gpushare-bench"
 SCHEDULER = "gpushare-scheduler"
 GPU_SIZES = (16, 16, 24, 24)
 """Each API-only node's GPUs, GiB."""
-POD_GIB = (1, 2, 4, 8)
+POD_GIB = "1,2,4,8"
+"""A GPU pod's gpu-mem: these in turn ("1-4": from 1 to 4 at random)."""
 TARGET_RATIO = 0.95
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 _BUCKET = re.compile(
@@ -111,10 +118,45 @@ def node_body(name: str) -> dict[str, Any]:
     return body
 
 
-def pod_body(kind: str, name: str, n: int) -> dict[str, Any]:
+PodGib = Callable[[int, random.Random], int]
+"""The gpu-mem of a set's n-th GPU pod."""
+
+
+def pod_gib(spec: str) -> PodGib:
+    """--pod-gib: "1,2,4,8" in turn, or "1-4" at random (--seed)."""
+    try:
+        if "-" in spec:
+            low, high = (int(part) for part in spec.split("-"))
+            if 1 <= low <= high:
+                return lambda n, rng: rng.randint(low, high)
+        else:
+            sizes = tuple(int(part) for part in spec.split(","))
+            if min(sizes) >= 1:
+                return lambda n, rng: sizes[n % len(sizes)]
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f'want "1,2,4,8" (in turn) or "1-4" (at random), got {spec!r}')
+
+
+@dataclass
+class Load:
+    """What a set's GPU pods ask for, and the node updates made while it is created."""
+
+    gib: PodGib
+    node_update_every: int
+    """0: none."""
+    nodes: list[str]
+    rng: random.Random
+
+    def touch_node(self, core: client.CoreV1Api) -> None:
+        body = {"metadata": {"annotations": {"bench/heartbeat": str(time.time())}}}
+        discard(core.patch_node(self.rng.choice(self.nodes), body, _preload_content=False))
+
+
+def pod_body(kind: str, name: str, gib: int) -> dict[str, Any]:
     container: dict[str, Any] = {"name": "main", "image": "local/pause:1"}
     if kind == "gpu":
-        container["resources"] = {"limits": {"aliyun.com/gpu-mem": str(POD_GIB[n % len(POD_GIB)])}}
+        container["resources"] = {"limits": {"aliyun.com/gpu-mem": str(gib)}}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -261,20 +303,23 @@ def _delta(
 
 def run_set(
     kind: str, index: int, count: int, threads: int, api: client.ApiClient, watch: BindWatch,
-    pids: dict[str, int], ops_port: int, token: str,
+    pids: dict[str, int], ops_port: int, token: str, load: Load,
 ) -> SetResult:  # fmt: skip
     core = client.CoreV1Api(api)
     names = [f"{kind}-{index}-{n}" for n in range(count)]
-    bodies = [pod_body(kind, name, n) for n, name in enumerate(names)]
+    bodies = [pod_body(kind, name, load.gib(n, load.rng)) for n, name in enumerate(names)]
     cpu_before = {who: cpu_seconds(pid) for who, pid in pids.items()}
     latency_before = extender_latency(ops_port)
     cycle_before = scheduler_histograms(token)
 
-    def create(body: dict[str, Any]) -> None:
+    def create(numbered: tuple[int, dict[str, Any]]) -> None:
+        n, body = numbered
         discard(core.create_namespaced_pod(NAMESPACE, body, _preload_content=False))
+        if load.node_update_every and n % load.node_update_every == 0:
+            load.touch_node(core)
 
     started = time.monotonic()
-    in_threads(threads, bodies, create)
+    in_threads(threads, list(enumerate(bodies)), create)
     created = time.monotonic() - started
     missing = watch.wait_for(names, timeout=600)
     if missing:
@@ -334,6 +379,17 @@ def main() -> int:
         help="the sets, in order, comma-separated: plain or gpu (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
+        "--pod-gib", type=pod_gib, default=POD_GIB,
+        help='a GPU pod\'s gpu-mem: "1,2,4,8" in turn, or "1-4" at random as bind_bench.py '
+        "asks (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--node-update-every", type=int, default=0,
+        help="pods created per node update (an annotation patched; 0, the default: none; "
+        "bind_bench.py makes one every 10)",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=42, help="for --pod-gib 1-4 and node updates")
+    parser.add_argument(
         "--default-placement", default=None,
         help="passed to gpushare-extender (default: the extender's own default)",
     )  # fmt: skip
@@ -346,6 +402,8 @@ def main() -> int:
     for flag in ("nodes", "pods", "threads"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag}: want at least 1, got {getattr(args, flag)}")
+    if args.node_update_every < 0:
+        parser.error(f"--node-update-every: want 0 or more, got {args.node_update_every}")
     order = [k.strip() for k in args.order.split(",") if k.strip()]
     bad = [k for k in order if k not in ("plain", "gpu")]
     if bad or not order or "gpu" not in order or "plain" not in order:
@@ -391,22 +449,24 @@ def main() -> int:
         core = client.CoreV1Api(api)
         core.create_namespace({"metadata": {"name": NAMESPACE}})
         t = time.monotonic()
+        nodes = [f"bench-{n:05d}" for n in range(args.nodes)]
         in_threads(
             args.threads,
-            [node_body(f"bench-{n:05d}") for n in range(args.nodes)],
+            [node_body(name) for name in nodes],
             lambda body: discard(core.create_node(body, _preload_content=False)),
         )
         print(f"{args.nodes} nodes created in {time.monotonic() - t:.1f} s", flush=True)
         time.sleep(5)  # the scheduler's and the extender's informers see them
         watch = BindWatch(api)
         time.sleep(1)
+        load = Load(args.pod_gib, args.node_update_every, nodes, random.Random(args.seed))
         results = []
         for index, kind in enumerate(order):
             spy = _profile_path(args.py_spy, index) if kind == "gpu" else None
             with profiled(pids["extender"], spy):
                 result = run_set(
                     kind, index, args.pods, args.threads, api, watch, pids,
-                    local_tier.EXTENDER_OPS_PORT, token,
+                    local_tier.EXTENDER_OPS_PORT, token, load,
                 )  # fmt: skip
             results.append(result)
             print(result.line(), flush=True)

@@ -9,7 +9,7 @@ import httpx
 
 from gpushare import annotation
 from gpushare.allocation import PodAllocation
-from gpushare.cluster.memory import MemoryCluster
+from gpushare.cluster.memory import MemoryCluster, RecordedEvent
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import ExtenderConfig, ExtenderService
 from gpushare.objects import Pod
@@ -94,6 +94,12 @@ class Scheduler:
         error = self.bind(pod, node)
         assert error == "", error
         return node
+
+    def posted_events(self, reason: str) -> list[RecordedEvent]:
+        """The events of `reason` on the cluster, once those the extender queued (bind's,
+        posted after it answers) are posted."""
+        assert self.service.events.flush(10), "the extender's queued events were not posted"
+        return [e for e in self.cluster.events if e.reason == reason]
 
     def node_names(self) -> list[str]:
         return sorted(node.name for node in self.cluster.list_nodes().items)

@@ -24,9 +24,8 @@ def test_binding_writes_the_allocation_and_the_node_at_once(cluster, scheduler_f
     allocation = annotation.decode(bound)
     assert allocation.node == "n" and allocation.total_mem == 4
     assert bound.metadata.annotations["ALIYUN_COM_GPU_MEM_POD"] == "4"
-    assert any(
-        e.reason == "GpuAllocated" and e.severity is EventSeverity.NORMAL for e in cluster.events
-    )
+    [event] = s.posted_events("GpuAllocated")
+    assert event.severity is EventSeverity.NORMAL
 
 
 def test_binding_again_to_the_same_node_is_success_and_changes_nothing(cluster, scheduler_for):
@@ -324,7 +323,7 @@ def test_a_pod_filter_saw_is_bound_without_reading_it_again():
         assert s.bind(seen, "n") == ""
         assert cluster.reads == []
         assert allocation_of(cluster, "default", "seen").total_mem == 4
-        [event] = [e for e in cluster.events if e.reason == "GpuAllocated"]
+        [event] = s.posted_events("GpuAllocated")
         assert event.ref == ObjectRef.of_pod(seen)  # the pod, by its UID
         cluster.reads.clear()  # the test's own read just now
 

@@ -77,8 +77,8 @@ def _inspect(s: Scheduler, node_name: str) -> dict[int, list[str]]:
     }
 
 
-def _allocated_events(cluster: MemoryCluster, name: str) -> list[str]:
-    return [e.message for e in cluster.events if e.reason == "GpuAllocated" and e.ref.name == name]
+def _allocated_events(s: Scheduler, name: str) -> list[str]:
+    return [e.message for e in s.posted_events("GpuAllocated") if e.ref.name == name]
 
 
 def _fits(s: Scheduler, node_name: str, mem: int) -> bool:
@@ -100,7 +100,7 @@ def test_a_bind_whose_answer_was_lost_but_that_happened_is_success(api, schedule
     assert api.get_pod("default", "p").spec.node_name == "n"
     assert _inspect(scheduler, "n") == {0: ["default/p"]}  # as the API shows it, not assumed
     assert not _fits(scheduler, "n", 1)
-    assert len(_allocated_events(api, "p")) == 1  # this bind created the Binding
+    assert len(_allocated_events(scheduler, "p")) == 1  # this bind created the Binding
 
 
 def test_a_lost_answer_then_a_pod_created_again_on_the_node_is_refused(api, scheduler):
@@ -115,7 +115,7 @@ def test_a_lost_answer_then_a_pod_created_again_on_the_node_is_refused(api, sche
     assert error == "bind pod default/p to node n: the connection was reset (HTTP 502)"
     assert _inspect(scheduler, "n") == {0: []}  # the new pod has no allocation of ours
     assert _fits(scheduler, "n", 16)
-    assert not _allocated_events(api, "p")
+    assert not _allocated_events(scheduler, "p")
 
 
 def test_a_lost_answer_not_read_back_keeps_the_reservation_and_says_both(api, scheduler):
@@ -166,7 +166,7 @@ def test_a_pod_bound_to_the_same_node_meanwhile_is_success_as_the_api_shows(api,
     assert scheduler.bind(p, "wide") == ""
     # The API's allocation replaced our reservation (GPU 0) at once.
     assert _inspect(scheduler, "wide") == {0: [], 1: ["default/p"], 2: [], 3: []}
-    assert not _allocated_events(api, "p")  # this bind did not create the Binding
+    assert not _allocated_events(scheduler, "p")  # this bind did not create the Binding
 
 
 def _moved_to_gpu(annotations: dict[str, str], index: int) -> dict[str, str]:
@@ -272,7 +272,7 @@ def test_a_pod_asking_for_no_gpu_is_bound_without_an_allocation(api, scheduler):
     bound = api.get_pod("default", "plain")
     assert bound.spec.node_name == "n"
     assert not set(annotation.ALL_KEYS) & set(bound.metadata.annotations)
-    assert not _allocated_events(api, "plain")
+    assert not _allocated_events(scheduler, "plain")
 
 
 def test_the_allocation_event_names_each_containers_gpus(api, scheduler):
@@ -282,7 +282,7 @@ def test_the_allocation_event_names_each_containers_gpus(api, scheduler):
     allocation = annotation.decode(api.get_pod("default", "two"))
     gpus = {c.name: ",".join(str(s.index) for s in c.gpus) for c in allocation.containers}
     assert len(gpus["train"].split(",")) == 2
-    [event] = [e for e in api.events if e.reason == "GpuAllocated"]
+    [event] = scheduler.posted_events("GpuAllocated")
     assert (event.ref.kind, event.ref.namespace, event.ref.name) == ("Pod", "default", "two")
     assert event.ref.uid == p.metadata.uid
     assert event.message.startswith(

@@ -44,7 +44,7 @@ def test_a_reservation_the_watch_never_confirmed_counts_when_it_expires():
     cache.replace_nodes(cluster.list_nodes().items)
     cache.replace_pods(pods)  # and no watch: nothing the binds do reaches the cache
     metrics = ExtenderMetrics(cache)
-    binder = Binder(cluster, cache, metrics)
+    binder = Binder(cluster, cache, metrics, cluster.record_event)
     expired = "gpushare_extender_assumptions_expired_total"
 
     def bind(p) -> None:

@@ -68,7 +68,9 @@ def test_filter_and_bind_through_the_kubernetes_api():
         bound = memory.get_pod("default", "p")
         assert bound.spec.node_name == "n1"
         assert annotation.decode(bound).total_mem == 12
-        assert api.seen("POST", "/binding") and api.events[-1]["reason"] == "GpuAllocated"
+        assert api.seen("POST", "/binding")
+        assert service.events.flush(10), "the GpuAllocated event was not posted"
+        assert api.events[-1]["reason"] == "GpuAllocated"
         wait_until(lambda: not service.cache.assumed_keys(), what="the watch to show the bind")
 
 

@@ -8,6 +8,10 @@ in the same atomic update that sets spec.nodeName (docs/contracts.md#binding), s
 is never bound without its allocation, nor annotated without being bound, and a
 failed bind leaves nothing on the pod to undo. Only the cache reservation is
 undone on failure.
+
+The `GpuAllocated` event goes to `post_event`, which queues it (extender.eventqueue):
+bind answers kube-scheduler after one API write, the Binding, and a failed event
+never fails a bind.
 """
 
 import logging
@@ -46,17 +50,23 @@ class BindRefused(Exception):
         reservation until the watch shows what became of the pod (or it expires)."""
 
 
+PostEvent = Callable[[ObjectRef, EventSeverity, str, str], None]
+"""Cluster.record_event's arguments; returns without waiting for the API server."""
+
+
 class Binder:
     def __init__(
         self,
         cluster: Cluster,
         cache: SchedulerCache,
         metrics: ExtenderMetrics,
+        post_event: PostEvent,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._cluster = cluster
         self._cache = cache
         self._metrics = metrics
+        self._post_event = post_event
         self._now = now
         self._node_locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
@@ -118,7 +128,7 @@ class Binder:
                     self._cache.forget(key, target.uid)
                 raise
         if created:
-            self._cluster.record_event(
+            self._post_event(
                 target,
                 EventSeverity.NORMAL,
                 "GpuAllocated",

@@ -1,6 +1,6 @@
 """Prometheus metrics of the extender: request latency per verb, binds and their
 conflicts, filter rejections by rule, requeue nudges, admission reviews and their
-errors, and what is allocated on each GPU.
+errors, pod events dropped, and what is allocated on each GPU.
 
 Each extender has its own registry, so several can live in one process (tests,
 the demo); the per-GPU and per-node gauges are read from the cache at scrape time.
@@ -48,6 +48,13 @@ class RequeueResult(StrEnum):
     REQUEUED = "requeued"
     GONE = "gone"
     FAILED = "failed"
+
+
+class EventDrop(StrEnum):
+    """Why a queued pod event (extender.eventqueue) was not posted."""
+
+    QUEUE_FULL = "queue-full"
+    STOPPED = "stopped"
 
 
 ALLOWED = ("true", "false")
@@ -112,6 +119,14 @@ class ExtenderMetrics:
             registry=self.registry,
         )
         at_zero(self.admission_errors, Webhook)
+        self.events_dropped = Counter(
+            "gpushare_extender_events_dropped",
+            "Pod events (GpuAllocated) dropped before they were posted, by reason: queue-full "
+            "(the API server fell behind), stopped (still queued when the extender stopped)",
+            ["reason"],
+            registry=self.registry,
+        )
+        at_zero(self.events_dropped, EventDrop)
         self.registry.register(_GpuCollector(cache))
 
     def exposition(self) -> bytes:

@@ -1,7 +1,7 @@
 """One extender, assembled: its configuration, the cache fed by two watches, the
-binder, the requeue worker, the worker posting events on pods naming a scheduler
-nobody serves, the metrics and the two HTTP apps, over any
-gpushare.cluster.Cluster."""
+binder and the queue posting its events, the requeue worker, the workers posting
+events on pods naming a scheduler nobody serves and on damaged allocation records,
+the metrics and the two HTTP apps, over any gpushare.cluster.Cluster."""
 
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +21,7 @@ from gpushare.extender.app import (
 from gpushare.extender.binder import Binder
 from gpushare.extender.cache import SchedulerCache, interesting
 from gpushare.extender.damaged import DamagedRecordReporter
+from gpushare.extender.eventqueue import PodEventQueue
 from gpushare.extender.limits import DEFAULT_READ_LIMITS, ReadLimits
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.policychoice import validate_default
@@ -31,10 +32,11 @@ from gpushare.kubecluster.watchcache import WatchCache
 from gpushare.placement.policies import DEFAULT_PLACEMENT, POLICIES, PolicyFactory
 from gpushare.resources import ACK_SCHEDULER_NAME, DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
 
-API_CONNECTIONS = BINDS_AT_ONCE + 4
+API_CONNECTIONS = BINDS_AT_ONCE + 6
 """Requests the extender has open against the API server at most: one per bind
 running (its calls follow one another), the node and pod watches, the requeue
-worker's patches and the unserved-scheduler worker's events."""
+worker's patches and the three event workers' events (bind's, unserved-scheduler,
+damaged records)."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,8 @@ class ExtenderService:
             policies=policies,
         )
         self.metrics = ExtenderMetrics(self.cache)
-        self.binder = Binder(cluster, self.cache, self.metrics)
+        self.events = PodEventQueue(cluster, self.metrics.events_dropped)
+        self.binder = Binder(cluster, self.cache, self.metrics, self.events.post)
         self.requeuer = Requeuer(cluster, self.cache, self.metrics)
         self.cache.on_capacity_freed = self.requeuer.wake
         self.unserved = UnservedReporter(cluster, self.cache, config.scheduler_names)
@@ -130,6 +133,7 @@ class ExtenderService:
         )
 
     def start_watching(self) -> "ExtenderService":
+        self.events.start()
         self.requeuer.start()
         self.unserved.start()
         self.damaged.start()
@@ -146,6 +150,7 @@ class ExtenderService:
         self.requeuer.stop()
         self.unserved.stop()
         self.damaged.stop()
+        self.events.stop()  # last: what the binds queued is posted first, for a while
 
     def app(self) -> FastAPI:
         """The verbs and the operational endpoints together, for a process that serves

@@ -6,15 +6,20 @@ the targets of issue 6 and the wall time against the 5-minute budget. With --lea
 it also runs our policy and fgd learning the workload online, as in the extender
 (the wall time is then not the budgeted one).
 
-With --mixes it runs the workload mixes instead (docs/placement.md#workload-mixes):
-for each named mix (and `default`, the pod list as it is), the default policy learned
-online, our policy on the trace's workload, fgd, bestfit and binpack, one JSON per
-mix in --out (a mix whose JSON is there already is not run again), then a table per
-mix against fgd and the issue's targets.
+With --mixes or --set it runs workload mixes instead (docs/placement.md#workload-mixes):
+for each named mix (and `default`, the pod list as it is; NAME~N draws it with mix
+seed N), or each mix of a benchmark set (`tuning`, what the default was tuned on;
+`check`, held out), the default policy learned online, our policy on the trace's
+workload, fgd, bestfit and binpack (or --policies), one JSON per mix in --out (a mix
+whose JSON is there already is not run again), then a table per mix against fgd and
+the issues' targets. --kube-scheduler PROFILE lets the model of kube-scheduler choose
+the nodes (docs/placement.md#the-kube-scheduler-model).
 
 Run: .venv/bin/python bench/placement_bench.py [--learned] [--json FILE] [--plot FILE]
      nice .venv/bin/python bench/placement_bench.py --mixes default,gpushare80,gpuspec33 \
          --seeds 42-44 --workers 1 --out mixes/
+     nice .venv/bin/python bench/placement_bench.py --set check --seeds 42-44 \
+         --policies fgd-lookahead@learned,fgd,binpack --out mixes/
 """
 
 import argparse
@@ -29,7 +34,7 @@ from gpushare.cli.simulate import default_trace_dir
 from gpushare.placement.policies import OUR_POLICY
 from gpushare.placement.workload import LearnedWorkload, TaskShape
 from gpushare.simulator.arrival import arrivals
-from gpushare.simulator.mixes import MIXES, generate
+from gpushare.simulator.mixes import BENCHMARK_SETS, MIXES, MixRun, generate, parse_run
 from gpushare.simulator.run import distribution
 from gpushare.simulator.trace import Trace, load
 
@@ -86,40 +91,52 @@ def check(document: dict, wall: float, timed: bool) -> None:
         print(f"  wall {wall:.0f} s for {len(policies)} policies x 10 seeds")
 
 
-def run_mixes(names: list[str], seeds: str, workers: int | None, out: Path) -> None:
+def run_mixes(
+    runs: list[MixRun],
+    seeds: str,
+    workers: int | None,
+    out: Path,
+    policies: tuple[str, ...] = MIX_POLICIES,
+    kube: str | None = None,
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        path = out / f"{name}.json"
+    for mix in runs:
+        path = out / result_name(mix, kube)
         if path.exists():
-            print(f"{name}: {path} exists, not run again")
+            print(f"{mix.label}: {path} exists, not run again")
             continue
-        argv = ["simulate", "--policies", ",".join(MIX_POLICIES), "--seeds", seeds]
-        argv += ["--json", str(path), "--no-progress", "--no-plot"]
-        if name != "default":
-            argv += ["--mix", name]
+        partial = path.with_suffix(".partial")
+        argv = ["simulate", "--policies", ",".join(policies), "--seeds", seeds]
+        argv += ["--json", str(partial), "--no-progress", "--no-plot"]
+        if mix.name != "default":
+            argv += ["--mix", mix.name, "--mix-seed", str(mix.seed)]
+        if kube is not None:
+            argv += ["--kube-scheduler", kube]
         if workers is not None:
             argv += ["--workers", str(workers)]
-        partial = path.with_suffix(".partial")
-        argv[argv.index(str(path))] = str(partial)
         code = gpushare(argv)
         if code:
             raise SystemExit(code)
         partial.rename(path)
-    report_mixes(names, out)
+    report_mixes(runs, out, policies, kube)
 
 
-def mix_trace(name: str) -> Trace:
+def result_name(mix: MixRun, kube: str | None) -> str:
+    return f"{mix.label}{'' if kube is None else '@' + kube}.json"
+
+
+def mix_trace(mix: MixRun) -> Trace:
     traces = default_trace_dir()
     trace = load(traces / "openb_node_list_gpu_node.csv", traces / "openb_pod_list_default.csv")
-    return trace if name == "default" else generate(trace, MIXES[name])
+    return trace if mix.name == "default" else generate(trace, MIXES[mix.name], mix.seed)
 
 
-def convergence(name: str, seed: int, checkpoints: tuple[int, ...] = (100, 1000)) -> str:
+def convergence(mix: MixRun, seed: int, checkpoints: tuple[int, ...] = (100, 1000)) -> str:
     """How close the workload the extender learns online (LearnedWorkload, from its
     prior, not told the mix) comes to the mix's own pod distribution: total variation
     distance after so many pods and after all arrivals, in the seed's order. (The
     prior's shapes are fractions of any GPU, never the trace's own: its distance is 1.)"""
-    trace = mix_trace(name)
+    trace = mix_trace(mix)
     truth = distribution(trace)
     learner = LearnedWorkload()
     adopted, seen = 0, []
@@ -134,30 +151,55 @@ def convergence(name: str, seed: int, checkpoints: tuple[int, ...] = (100, 1000)
     )
 
 
-def report_mixes(names: list[str], out: Path) -> None:
+def report_mixes(
+    runs: list[MixRun], out: Path, policies: tuple[str, ...] = MIX_POLICIES, kube: str | None = None
+) -> None:
     """Per mix: each policy's unallocated % at 100% arrived (mean [min-max] over seeds)
-    and its difference from fgd; then the issue's two targets for the default policy."""
+    and its difference from fgd, 8-GPU pods failed by 100% arrived and nodes occupied
+    at 50% (means per run), GPUs and nodes in use at 25/50/80% arrived; then the
+    targets of issues 32 and 40 for the default policy."""
     gains = []
-    print("\nWorkload mixes: unallocated GPU % at 100% arrived, mean [min-max] over seeds")
-    for name in names:
-        path = out / f"{name}.json"
+    problems: list[str] = []
+    print("\nWorkload mixes: unallocated GPU % at 100% arrived, mean [min-max] over seeds;")
+    print("8-GPU pods failed by 100% arrived; nodes occupied at 50%; GPUs / nodes used at")
+    print(f"25/50/80% arrived{'' if kube is None else f' (kube-scheduler model: {kube})'}")
+    for mix in runs:
+        path = out / result_name(mix, kube)
         if not path.exists():
-            print(f"\n{name}: no results")
+            print(f"\n{mix.label}: no results")
             continue
-        policies = json.loads(path.read_text())["policies"]
-        fgd = policies["fgd"]["unallocated_pct"]["100"]
-        print(f"\n{name} (seeds {policies['fgd']['seeds']})")
-        for label in MIX_POLICIES:
-            at = policies[label]["unallocated_pct"]["100"]
-            diff = at["mean"] - fgd["mean"]
-            per_seed = " ".join(f"{v:.2f}" for v in at["per_seed"].values())
-            print(
-                f"  {label:24} {at['mean']:5.2f} [{at['min']:.2f}-{at['max']:.2f}]  "
-                f"vs fgd {diff:+.2f} ({100 * diff / fgd['mean']:+.1f}%)  seeds {per_seed}"
+        results = json.loads(path.read_text())["policies"]
+        fgd = results["fgd"]
+        print(f"\n{mix.label} (seeds {fgd['seeds']})")
+        for label in policies:
+            r = results[label]
+            at = r["unallocated_pct"]["100"]
+            diff = at["mean"] - fgd["unallocated_pct"]["100"]["mean"]
+            used = " ".join(
+                f"{r['used_gpus'][b]:.0f}/{r['occupied_nodes'][b]:.0f}" for b in ("25", "50", "80")
             )
-        print(f"  {convergence(name, policies['fgd']['seeds'][0])}")
-        ours = policies[DEFAULT_LEARNED]["unallocated_pct"]["100"]["mean"]
-        gains.append((name, 1 - ours / fgd["mean"], ours <= fgd["mean"]))
+            print(
+                f"  {label:24} {at['mean']:5.2f} [{at['min']:.2f}-{at['max']:.2f}] "
+                f"vs fgd {diff:+.2f} ({100 * diff / fgd['unallocated_pct']['100']['mean']:+.1f}%)"
+                f"  8-GPU {r['failed_pods_by_100']['8-gpu']:.1f}"
+                f"  nodes@50 {r['occupied_nodes']['50']:.0f}  used {used}"
+            )
+        if DEFAULT_LEARNED not in results:
+            continue
+        ours = results[DEFAULT_LEARNED]
+        print(f"  {convergence(mix, fgd['seeds'][0])}")
+        ours_100 = ours["unallocated_pct"]["100"]["mean"]
+        fgd_100 = fgd["unallocated_pct"]["100"]["mean"]
+        gains.append((mix.label, 1 - ours_100 / fgd_100, ours_100 <= fgd_100))
+        if ours["failed_pods_by_100"]["8-gpu"] > fgd["failed_pods_by_100"]["8-gpu"]:
+            problems.append(f"{mix.label}: more 8-GPU pods failed than under fgd")
+        if ours["occupied_nodes"]["50"] > fgd["occupied_nodes"]["50"]:
+            problems.append(f"{mix.label}: more nodes occupied at 50% than under fgd")
+        if kube is not None and "binpack" in results:
+            for b in ("25", "50", "80"):
+                for metric in ("used_gpus", "occupied_nodes"):
+                    if ours[metric][b] > 1.1 * results["binpack"][metric][b]:
+                        problems.append(f"{mix.label}: {metric} at {b}% > 1.1 x binpack's")
     if not gains:
         return
     mean_gain = statistics.mean(g for _, g, _ in gains)
@@ -168,6 +210,7 @@ def report_mixes(names: list[str], out: Path) -> None:
         f"{100 * mean_gain:.1f}% (target >= {100 * MIX_TARGET_GAIN:.0f}%): "
         f"{'ok' if not losses and mean_gain >= MIX_TARGET_GAIN else 'NOT MET'}"
     )
+    print("\n".join(f"  {p}" for p in problems) or "  8-GPU failures and occupancy: ok")
 
 
 def main() -> None:
@@ -181,20 +224,37 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="write the plot here")
     parser.add_argument("--workers", type=int, help="default: all cores")
     parser.add_argument(
-        "--mixes", help="comma-separated mix names (and `default`): run the mixes instead"
+        "--mixes",
+        help="comma-separated mixes (NAME or NAME~MIXSEED; `default`: the pod list as it "
+        "is): run the mixes instead",
+    )
+    parser.add_argument(
+        "--set",
+        choices=sorted(BENCHMARK_SETS),
+        help="run a benchmark set of mixes: tuning (what the default was tuned on) or "
+        "check (held out)",
+    )
+    parser.add_argument(
+        "--policies",
+        default=",".join(MIX_POLICIES),
+        help="with --mixes or --set (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--kube-scheduler",
+        metavar="PROFILE",
+        help="with --mixes or --set: kube-scheduler's model chooses nodes (gpushare "
+        "simulate --kube-scheduler)",
     )
     parser.add_argument("--seeds", default="42-44", help="with --mixes (default: %(default)s)")
     parser.add_argument(
         "--out", type=Path, default=Path("mixes"), help="with --mixes: the JSON folder"
     )
     args = parser.parse_args()
-    if args.mixes:
-        run_mixes(
-            [m.strip() for m in args.mixes.split(",") if m.strip()],
-            args.seeds,
-            args.workers,
-            args.out,
-        )
+    if args.mixes or args.set:
+        runs = list(BENCHMARK_SETS[args.set]) if args.set else []
+        runs += [parse_run(m) for m in (args.mixes or "").split(",") if m.strip()]
+        policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+        run_mixes(runs, args.seeds, args.workers, args.out, policies, args.kube_scheduler)
         return
     policies = [OUR_POLICY, "fgd", "bestfit"]
     if args.learned:

@@ -525,6 +525,8 @@ EXTENDER_KEYS = {
     "enableHTTPS", "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources",
     "ignorable",
 }  # fmt: skip
+PROFILE_KEYS = {"schedulerName", "plugins", "pluginConfig", "percentageOfNodesToScore"}
+FIT_ARGS_KEYS = {"ignoredResources", "ignoredResourceGroups", "scoringStrategy"}
 EXTENDED_RESOURCE = re.compile(
     r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
@@ -539,10 +541,20 @@ def test_scheduler_configuration_is_valid_for_kube_scheduler(values):
     assert set(config) <= CONFIG_KEYS
     assert set(config["leaderElection"]) <= LEADER_KEYS
     assert config["leaderElection"]["resourceName"] != "kube-scheduler"
-    assert config["profiles"] == [
-        {"schedulerName": "gpushare-scheduler"},
-        {"schedulerName": "ack-co-scheduler"},
+    assert [p["schedulerName"] for p in config["profiles"]] == [
+        "gpushare-scheduler",
+        "ack-co-scheduler",
     ]
+    for profile in config["profiles"]:
+        assert set(profile) <= PROFILE_KEYS
+        for plugin in profile["pluginConfig"]:
+            assert set(plugin) == {"name", "args"} and plugin["name"] == "NodeResourcesFit"
+            assert set(plugin["args"]) <= FIT_ARGS_KEYS
+            strategy = plugin["args"]["scoringStrategy"]
+            assert set(strategy) <= {"type", "resources", "requestedToCapacityRatio"}
+            assert strategy["type"] in ("LeastAllocated", "MostAllocated")
+            for resource in strategy["resources"]:
+                assert set(resource) == {"name", "weight"} and 1 <= resource["weight"] <= 100
     assert config["percentageOfNodesToScore"] == 100
     [extender] = config["extenders"]
     assert set(extender) <= EXTENDER_KEYS
@@ -1514,3 +1526,48 @@ def test_the_schema_offers_exactly_the_placement_policies_the_extender_knows():
     schema = json.loads((CHART / "values.schema.json").read_text())
     offered = schema["properties"]["extender"]["properties"]["defaultPlacement"]["enum"]
     assert sorted(offered) == sorted(POLICIES)
+
+
+def fit_scoring(rendered) -> dict:
+    """NodeResourcesFit's scoringStrategy, the same in every profile."""
+    strategies = [
+        plugin["args"]["scoringStrategy"]
+        for profile in scheduler_config(rendered)["profiles"]
+        for plugin in profile["pluginConfig"]
+        if plugin["name"] == "NodeResourcesFit"
+    ]
+    assert len(strategies) == len(scheduler_config(rendered)["profiles"])
+    assert all(s == strategies[0] for s in strategies)
+    return strategies[0]
+
+
+def test_the_scheduler_packs_gpu_pods_as_the_simulators_chart_model_does(default):
+    """The extender scores 0..10 and many nodes tie: kube-scheduler's NodeResourcesFit
+    breaks the ties, and the chart makes it prefer the fuller node (issue 40). The
+    simulator's model of the chart's scheduler (kubescheduler.CHART) is what
+    docs/placement.md measures: the two must not drift apart."""
+    from gpushare.simulator.kubescheduler import CHART
+
+    scoring = fit_scoring(default)
+    assert scoring["type"] == CHART.strategy.value == "MostAllocated"
+    assert tuple((r["name"], r["weight"]) for r in scoring["resources"]) == CHART.resources
+    config = scheduler_config(default)
+    assert config["percentageOfNodesToScore"] == CHART.percentage_of_nodes_to_score
+    assert config["extenders"][0]["weight"] == CHART.extender_weight
+
+
+def test_the_scheduler_can_be_told_to_spread_as_kube_scheduler_does_by_default():
+    scoring = fit_scoring(
+        render({"scheduler": {"scoring": {"strategy": "LeastAllocated", "gpuMemWeight": 7}}})
+    )
+    assert scoring["type"] == "LeastAllocated"
+    assert ("aliyun.com/gpu-mem", 7) in [(r["name"], r["weight"]) for r in scoring["resources"]]
+
+
+@pytest.mark.parametrize(
+    "scoring",
+    [{"strategy": "Spread"}, {"gpuMemWeight": 0}, {"gpuMemWeight": 101}, {"weight": 3}],
+)
+def test_a_scoring_kube_scheduler_would_refuse_is_refused_at_install(scoring):
+    with pytest.raises(helm.HelmValuesError, match="schema"):
+        render({"scheduler": {"scoring": scoring}})

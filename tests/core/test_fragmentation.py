@@ -82,10 +82,10 @@ def test_a_full_node_has_no_fragmentation_and_a_wrong_model_is_all_fragment():
     assert Fragmentation(picky).of_view(milli_node(gpus=2, model="T4").view()) == 2000
 
 
-def test_without_other_models_a_task_pinned_elsewhere_does_not_count_on_the_node():
+def test_a_task_pinned_elsewhere_counts_all_of_the_nodes_free_gpu_for_both_policies():
     # Half the workload is pinned to A100, half takes any model: on a T4 node with 2 free
-    # GPUs, FGD's F counts all 2000 free as fragment for the pinned half (1000); left out,
-    # only the other half counts, and a 100-milli task fits there (0).
+    # GPUs, F counts all 2000 free as fragment for the pinned half (1000), and the other
+    # half fits (0). On its own model the pinned task fits too: nothing.
     mixed = Workload(
         (
             (TaskShape(gpus=1, mem=100, core=100, gpu_spec=frozenset({"A100"})), 0.5),
@@ -94,13 +94,29 @@ def test_without_other_models_a_task_pinned_elsewhere_does_not_count_on_the_node
     )
     t4 = milli_node(gpus=2, model="T4").view()
     assert Fragmentation(mixed).of_view(t4) == 1000
-    assert Fragmentation(mixed, other_models=False).of_view(t4) == 0
-    # On its own model the pinned task counts as before: it fits, so nothing.
-    a100 = milli_node(gpus=2, model="A100").view()
-    assert Fragmentation(mixed, other_models=False).of_view(a100) == 0
-    # fgd keeps the paper's definition; fgd-lookahead leaves other models' tasks out.
+    assert Fragmentation(mixed).of_view(milli_node(gpus=2, model="A100").view()) == 0
+    # Issue 40: fgd-lookahead counts them as FGD does (it left them out before).
     assert FgdPolicy(mixed).fragmentation.of_view(t4) == 1000
-    assert LookaheadFgdPolicy(mixed).fragmentation.of_view(t4) == 0
+    assert LookaheadFgdPolicy(mixed).fragmentation.of_view(t4) == 1000
+
+
+@pytest.mark.parametrize("policy", [FgdPolicy, LookaheadFgdPolicy])
+def test_an_unpinned_pod_leaves_the_model_most_pods_are_pinned_to(policy):
+    """Where most of the workload may only run on T4 (as in the published gpuspec lists),
+    an unpinned slice goes to another model's node: the T4s stay for the pods that have
+    no other place (issue 40: taking them cost 61% more unallocated GPU than FGD)."""
+    pinned = Workload(
+        (
+            (TaskShape(gpus=1, mem=500, core=500, gpu_spec=frozenset({"T4"})), 0.7),
+            (TaskShape(gpus=1, mem=500, core=500), 0.3),
+        )
+    )
+    judge = policy(pinned)
+    slice_ = PodRequest((ContainerRequest("main", ContainerRole.APP, 0, 1, 500, core=500),))
+    t4 = evaluate(milli_node(gpus=2, model="T4").view(), slice_, judge)
+    g2 = evaluate(milli_node(gpus=2, model="G2").view(), slice_, judge)
+    assert isinstance(t4, Placement) and isinstance(g2, Placement)
+    assert g2.score > t4.score
 
 
 def test_fgd_tries_every_gpu_for_a_slice_and_keeps_the_best_score():

@@ -20,6 +20,7 @@ def bin_(unallocated: float, frag: float = 5.0, ratio: float = 50.0) -> BinMeans
         frag_amount_pct=frag,
         frag_ratio_pct=ratio,
         occupied_nodes=1000,
+        used_gpus=4000,
     )
 
 

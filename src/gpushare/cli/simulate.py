@@ -37,6 +37,8 @@ from pathlib import Path
 from gpushare.cli.progress import RunBars, Sink, relayed, throttled
 from gpushare.placement.policies import OUR_POLICY
 from gpushare.simulator.arrival import DEFAULT_SEEDS, INFLATION
+from gpushare.simulator.kubescheduler import PROFILES as KUBE_PROFILES
+from gpushare.simulator.kubescheduler import KubeSchedulerConfig
 from gpushare.simulator.mixes import DEFAULT_MIX_SEED, MIXES, Mix, generate
 from gpushare.simulator.mixes import parse as parse_mix
 from gpushare.simulator.report import legend, summarise, table, to_json
@@ -124,6 +126,15 @@ def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
         help="pods arrive until they request this multiple of the GPU capacity "
         "(default: %(default)s)",
     )
+    parser.add_argument(
+        "--kube-scheduler",
+        choices=sorted(KUBE_PROFILES),
+        metavar="PROFILE",
+        help="let a model of kube-scheduler choose the nodes, the policy's scores its "
+        "extender's (docs/placement.md#the-kube-scheduler-model): stock (as it comes: "
+        "adaptive node sample, LeastAllocated), chart-before (every node, the default "
+        "plugins) or chart (the chart's profile); default: the paper's scheduler",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     plot = parser.add_mutually_exclusive_group()
     plot.add_argument(
@@ -182,8 +193,8 @@ def _seeds(text: str) -> list[int]:
     return sorted(set(seeds))
 
 
-Job = tuple[PolicyChoice, int, float]
-"""A run: policy, seed, inflation."""
+Job = tuple[PolicyChoice, int, float, KubeSchedulerConfig | None]
+"""A run: policy, seed, inflation, kube-scheduler's configuration (None: the paper's)."""
 
 _TRACE: Trace | None = None
 _SINK: Sink | None = None
@@ -201,9 +212,9 @@ def _set_up_worker(trace: Trace, queue: "Queue[tuple[str, int, int, int]] | None
 
 def _run_one(job: Job) -> RunResult:
     assert _TRACE is not None
-    choice, seed, inflation = job
+    choice, seed, inflation, kube = job
     progress = None if _SINK is None else throttled(_SINK, choice.label, seed)
-    return simulate(_TRACE, choice, seed, inflation, progress)
+    return simulate(_TRACE, choice, seed, inflation, progress, kube)
 
 
 def run_all(
@@ -322,7 +333,10 @@ def _simulate(args: argparse.Namespace, trace: Trace) -> int:
         f"  policies {', '.join(c.label for c in choices)}; seeds {_seed_text(args.seeds)}; "
         f"inflation {args.inflation}; {args.workers} worker(s)"
     )
-    jobs = [(c, seed, args.inflation) for c in choices for seed in args.seeds]
+    kube = None if args.kube_scheduler is None else KUBE_PROFILES[args.kube_scheduler]
+    if kube is not None:
+        _say(f"  nodes chosen by a model of kube-scheduler: {args.kube_scheduler} ({kube})")
+    jobs: list[Job] = [(c, seed, args.inflation, kube) for c in choices for seed in args.seeds]
     started = time.perf_counter()
     results: list[RunResult] = []
     bars = RunBars(len(jobs), sys.stderr, disable=True if args.no_progress else None)

@@ -66,9 +66,6 @@ class WorkloadAwarePolicy(PlacementPolicy):
 
     coverage: ClassVar[float] = COVERAGE
     nameless = True
-    other_models: ClassVar[bool] = True
-    """Whether F counts a node's free GPU as fragment for tasks pinned to other GPU
-    models (FGD's definition; see Fragmentation)."""
 
     def __init__(self, workload: Workload | None = None) -> None:
         self._learner = LearnedWorkload() if workload is None else None
@@ -99,7 +96,7 @@ class WorkloadAwarePolicy(PlacementPolicy):
         return distribution.typical_part(self.coverage)
 
     def _use(self, distribution: Workload) -> None:
-        self.fragmentation = Fragmentation(self.target(distribution), self.other_models)
+        self.fragmentation = Fragmentation(self.target(distribution))
         self._typical = frozenset(shape for shape, _ in self.fragmentation.workload.tasks)
 
     def observe(self, request: PodRequest) -> None:

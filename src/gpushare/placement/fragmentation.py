@@ -175,11 +175,8 @@ class Fragmentation:
     """F of nodes for one target workload. Not thread-safe (the memo); the extender
     serialises placement, and each simulator run has its own."""
 
-    def __init__(self, workload: Workload, other_models: bool = True) -> None:
+    def __init__(self, workload: Workload) -> None:
         self.workload = workload
-        self._other_models = other_models
-        """Whether a task pinned to other GPU models counts the node's free GPU as
-        fragment (FGD's definition), or does not count on the node at all."""
         grouped: dict[_GpuPart, list[_Member]] = {}
         self._gpu_free_weight = 0.0
         for shape, p in workload.tasks:
@@ -323,8 +320,6 @@ class Fragmentation:
                     unusable += d[0]
             gpu_fits = fitting >= group.gpus
             for p, cpu, spec in group.members:
-                if not self._other_models and spec is not None and not models <= spec:
-                    continue
                 fits = (
                     gpu_fits
                     and (cpu is None or cpu_free is None or cpu_free >= cpu)

@@ -15,11 +15,15 @@ see cost GPUs in the openb replay (docs/placement.md#the-benchmark), and this po
   three of those GPUs will never be used. `Fragmentation.stranded` counts, per task
   of the workload, the GPU its copies could fill beyond what the CPU left can feed.
   Its growth is added to F's, weighted by `cpu_weight`.
-* Tasks pinned to other GPU models. FGD's F counts all of a node's free GPU as
-  fragment for them; that term only shrinks as the node fills, most on the scarce
-  models' nodes, so FGD steers unpinned pods onto the nodes pinned pods need (on the
-  gpuspec33 mix it left more GPUs unallocated than binpack). Here F leaves them out
-  (`other_models = False`; docs/placement.md#workload-mixes).
+* Tasks pinned to other GPU models count as FGD counts them: all of a node's free
+  GPU is fragment for them. Issue 32 left them out (on the supply-weighted gpuspec33
+  mix, with the weights of the time, FGD's term had steered unpinned pods onto the
+  scarce models' nodes), which broke on lists that pin the way production pins, most
+  pods to a model with few GPUs (T4): unpinned pods took the T4s, T4-pinned pods
+  failed, and 61% more GPUs were left unallocated than under FGD. FGD's term keeps
+  unpinned pods off a model in proportion to how much of the workload is pinned to
+  it; with the weights that follow the workload it is also the better of the two on
+  gpuspec33 (issue 40; docs/placement.md#the-check-set).
 * Which of equally good nodes to use. Scores stay FGD's integer steps (coarse steps
   make the scheduler fill the same nodes first, which measured far better than
   finer scores); among equal steps a node whose GPUs already hold pods wins over
@@ -89,7 +93,6 @@ def weights(workload: Workload) -> tuple[float, float]:
 
 class LookaheadFgdPolicy(WorkloadAwarePolicy):
     name = "fgd-lookahead"
-    other_models = False  # see the module docstring: tasks pinned to other models
     next_weight: float = NEXT_WEIGHT[0]
     """Weight of the expected change of F from the next pod (see `weights`)."""
     cpu_weight: float = CPU_WEIGHT[0]

@@ -2,11 +2,12 @@
 
 Each event (one pod offered) falls in the bin round(arrived %); a bin's value is
 the mean over its events. Per bin: unallocated GPU %, fragmentation amount (% of
-capacity) and ratio (% of idle GPU) against the trace's target workload, and
-occupied nodes (any CPU or GPU allocated).
+capacity) and ratio (% of idle GPU) against the trace's target workload, occupied
+nodes (any CPU or GPU allocated) and used GPUs (any GPU allocated).
 """
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gpushare.simulator.trace import PodClass, TracePod
@@ -19,6 +20,7 @@ class _Bin:
     frag_amount: float = 0.0
     frag_ratio: float = 0.0
     occupied: float = 0.0
+    used_gpus: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,7 @@ class BinMeans:
     frag_amount_pct: float
     frag_ratio_pct: float
     occupied_nodes: float
+    used_gpus: float
 
 
 @dataclass(slots=True)
@@ -45,12 +48,20 @@ class Recorder:
     _bins: dict[int, _Bin] = field(default_factory=dict)
     _frag_total: float = 0.0
     _busy: set[int] = field(default_factory=set)
+    _used_gpus: set[tuple[int, int]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._frag_total = sum(self.node_frag)
 
-    def offered(self, pod: TracePod, node: int | None, frag_after: float | None) -> None:
-        """One pod was offered: placed on `node` (leaving it with F = frag_after) or failed."""
+    def offered(
+        self,
+        pod: TracePod,
+        node: int | None,
+        frag_after: float | None,
+        gpus: Sequence[int] = (),
+    ) -> None:
+        """One pod was offered: placed on `node`'s `gpus` (leaving it with F = frag_after)
+        or failed."""
         self.arrived += pod.gpu_total
         if node is None or frag_after is None:
             self.failed[pod.kind] += 1
@@ -62,6 +73,7 @@ class Recorder:
             self.node_frag[node] = frag_after
             if node not in self._busy and (pod.gpu_total or pod.cpu_milli):
                 self._busy.add(node)
+            self._used_gpus.update((node, i) for i in gpus)
         self._record()
 
     @property
@@ -79,6 +91,7 @@ class Recorder:
         b.frag_amount += 100.0 * self._frag_total / self.capacity
         b.frag_ratio += 100.0 * self._frag_total / idle if idle > 0 else 0.0
         b.occupied += len(self._busy)
+        b.used_gpus += len(self._used_gpus)
 
     def bins(self) -> dict[int, BinMeans]:
         return {
@@ -88,6 +101,7 @@ class Recorder:
                 frag_amount_pct=b.frag_amount / b.events,
                 frag_ratio_pct=b.frag_ratio / b.events,
                 occupied_nodes=b.occupied / b.events,
+                used_gpus=b.used_gpus / b.events,
             )
             for key, b in sorted(self._bins.items())
         }

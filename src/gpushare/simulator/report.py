@@ -19,6 +19,8 @@ from gpushare.simulator.trace import PodClass, Trace
 
 HEADLINE_BINS = (100, 130)
 FRAG_BINS = (50, 80, 90)
+OCCUPANCY_BINS = (25, 50, 80, 90, 100, 130)
+"""Where occupied nodes and used GPUs are reported (issue 40: 25, 50 and 80% arrived)."""
 REFERENCE = "fgd"
 
 
@@ -132,9 +134,9 @@ def to_json(
             "failed_pods": s.failed(),
             "failed_pods_by_100": s.failed(by_100=True),
             "occupied_nodes": {
-                str(b): _rounded(s.mean_at(b, "occupied_nodes"), 1)
-                for b in (*FRAG_BINS, *HEADLINE_BINS)
+                str(b): _rounded(s.mean_at(b, "occupied_nodes"), 1) for b in OCCUPANCY_BINS
             },
+            "used_gpus": {str(b): _rounded(s.mean_at(b, "used_gpus"), 1) for b in OCCUPANCY_BINS},
             "pods_offered": statistics.mean(r.pods for r in s.runs),
             "wall_s": round(s.wall_s, 2),
         }

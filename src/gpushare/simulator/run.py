@@ -19,6 +19,7 @@ from gpushare.placement.policies import POLICIES
 from gpushare.placement.workload import COVERAGE, Workload
 from gpushare.request import PodRequest
 from gpushare.simulator.arrival import INFLATION, arrivals
+from gpushare.simulator.kubescheduler import KubeScheduler, KubeSchedulerConfig
 from gpushare.simulator.metrics import BinMeans, Recorder
 from gpushare.simulator.scheduler import Scheduler
 from gpushare.simulator.trace import MILLI_PER_GPU, PodClass, Trace, TraceNode, TracePod
@@ -130,7 +131,11 @@ def simulate(
     seed: int,
     inflation: float = INFLATION,
     progress: Progress | None = None,
+    kube: KubeSchedulerConfig | None = None,
 ) -> RunResult:
+    """One run. With `kube`, kube-scheduler chooses the node as configured (the
+    extender's scores one of its inputs; kubescheduler.py), else the policy's best
+    node does, ties to the seeded rank (the paper's scheduler)."""
     started = time.perf_counter()
     workload = target_workload(trace)
     policy = choice.policy(distribution(trace))
@@ -138,6 +143,11 @@ def simulate(
     states = [NodeState(n.inventory()) for n in trace.nodes]
     ledger = Ledger(trace.nodes)
     scheduler = Scheduler(states, arrival.rank, policy)
+    cluster: KubeScheduler | None = None
+    if kube is not None:
+        # kube-scheduler walks its node list in the order nodes joined: the seeded rank.
+        order = sorted(range(len(states)), key=arrival.rank.__getitem__)
+        cluster = KubeScheduler(trace.nodes, states, order, policy, kube, seed)
     metric = Fragmentation(workload)
     recorder = Recorder(trace.capacity, node_frag=[metric.of_view(s.view()) for s in states])
     requests: dict[TracePod, PodRequest] = {}
@@ -150,7 +160,7 @@ def simulate(
             request = requests[pod] = pod.request()
         policy.observe(request)
         epochs.add(policy.epoch)
-        picked = scheduler.choose(request)
+        picked = scheduler.choose(request) if cluster is None else cluster.choose(request, pod)
         if picked is None:
             recorder.offered(pod, None, None)
             continue
@@ -160,7 +170,10 @@ def simulate(
         allocation = to_allocation(request, placement.assignment, state.inventory, BOUND_AT)
         state.add(f"{pod.name}#{number}", allocation)
         scheduler.changed(node)
-        recorder.offered(pod, node, metric.of_view(state.view()))
+        if cluster is not None:
+            cluster.placed(node, pod)
+        gpus = placement.assignment.gpus[0] if placement.assignment.gpus else ()
+        recorder.offered(pod, node, metric.of_view(state.view()), gpus)
     if progress is not None:
         progress(len(arrival.pods), len(arrival.pods))
     return RunResult(
@@ -170,7 +183,7 @@ def simulate(
         bins=recorder.bins(),
         failed=dict(recorder.failed),
         failed_by_100=dict(recorder.failed_by_100),
-        evaluations=scheduler.evaluations,
+        evaluations=scheduler.evaluations if cluster is None else cluster.evaluations,
         epochs=len(epochs),
         wall_s=time.perf_counter() - started,
     )

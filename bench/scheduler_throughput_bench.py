@@ -3,15 +3,19 @@
 Starts the real cluster the way the tier does (tests/e2e/local.py: upstream etcd,
 kube-apiserver, kube-scheduler with config/kube-scheduler-config.yaml as the chart
 ships it, kube-controller-manager, a kubelet; then gpushare's RBAC, its webhooks on
-loopback and gpushare-extender with the chart's scheduler ServiceAccount). Then:
+loopback and gpushare-extender with the chart's scheduler ServiceAccount). With
+`--scoring least-allocated` kube-scheduler's configuration is that file without its
+NodeResourcesFit pluginConfig: kube-scheduler's default scoring (LeastAllocated on
+CPU and memory), which spreads the pods the extender's 0..10 scores tie on (issue 40);
+`--scoring chart`, the default, keeps the chart's MostAllocated with GPU memory. Then:
 
 1. `--nodes` API-only nodes: Node objects written through the API as the device
    plugin leaves them (gpu_node: the schedule label, gpu-mem/gpu-count capacity and
-   allocatable, the gpushare.io/gpus inventory) with a Ready condition. No kubelet
-   is behind them, so their pods never run: binding is what is measured. The
-   kube-controller-manager's node-lifecycle controller is turned off (it would mark
-   nodes without heartbeats NotReady and taint them mid-run); everything else is
-   as the tier starts it.
+   allocatable, the gpushare.io/gpus inventory; GPUs of `--node-gpus` GiB) with a
+   Ready condition. No kubelet is behind them, so their pods never run: binding is
+   what is measured. The kube-controller-manager's node-lifecycle controller is
+   turned off (it would mark nodes without heartbeats NotReady and taint them
+   mid-run); everything else is as the tier starts it.
 2. Sets of `--pods` pods in the order `--order` gives (plain: no extended resource,
    so kube-scheduler binds them itself without calling the extender; gpu: one
    container asking aliyun.com/gpu-mem of 1, 2, 4 or 8 GiB in turn, or with
@@ -26,6 +30,9 @@ loopback and gpushare-extender with the chart's scheduler ServiceAccount). Then:
    kube-apiserver and etcd over each set, per pod; and, for gpu sets, the extender's
    own request latency by verb (its gpushare_extender_request_duration_seconds
    histogram, differenced over the set).
+4. For gpu sets, the packing: the GPUs (node, index) and nodes the set's pods hold, as
+   their allocation annotations say, and the fewest that could hold as much GPU
+   memory (its GiB over the largest GPUs, and over a node's GiB).
 
 kube-scheduler runs with its default client QPS/burst (clientConnection qps 50,
 burst 100: the chart's config sets none), which is what caps plain pods, whose
@@ -39,12 +46,23 @@ Run (root, under the cluster lock):
   GPUSHARE_E2E_K8S_BIN=/work/shared/k8s/v1.33.3 flock /tmp/gpushare-cluster.lock \
     .venv/bin/python bench/scheduler_throughput_bench.py [--order plain,gpu,gpu,plain] \
     [--pod-gib 1-4] [--node-update-every 10] [--default-placement fgd-lookahead] \
-    [--py-spy OUT.txt]
+    [--scoring least-allocated] [--py-spy OUT.txt]
+
+Issue 40's packing (1,000 nodes of 4 x 16 GiB, 2,000 pods of 1-4 GiB: with --seed 42
+5,066 GiB, at least 317 GPUs on 80 nodes), the GPU set first, on empty nodes
+(kube-scheduler scores a plain pod as 100m CPU and 200 MiB, so plain pods bound
+before would make their nodes look fuller), as the chart scores and then as
+kube-scheduler does by default:
+  GPUSHARE_E2E_K8S_BIN=/work/shared/k8s/v1.33.3 flock /tmp/gpushare-cluster.lock \
+    .venv/bin/python bench/scheduler_throughput_bench.py --nodes 1000 \
+    --node-gpus 16,16,16,16 --pods 2000 --pod-gib 1-4 --order gpu,plain \
+    --scoring chart    # then --scoring least-allocated; --default-placement binpack
 """
 
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -66,15 +84,19 @@ import yaml
 from kubernetes import client, config
 from kubernetes.watch.watch import iter_resp_lines
 
+from gpushare import annotation
 from gpushare.cluster.memory import gpu_node
 from gpushare.inventory import Gpu, mock_uuid
+from gpushare.objects import Pod
 from tests.e2e import local as local_tier
 
 NAMESPACE = "bench"
 BENCH_LABEL = "gpushare-bench"
 SCHEDULER = "gpushare-scheduler"
-GPU_SIZES = (16, 16, 24, 24)
+GPU_SIZES = "16,16,24,24"
 """Each API-only node's GPUs, GiB."""
+SCORINGS = ("chart", "least-allocated")
+"""kube-scheduler's NodeResourcesFit scoring: the chart's, or kube-scheduler's default."""
 POD_GIB = "1,2,4,8"
 """A GPU pod's gpu-mem: these in turn ("1-4": from 1 to 4 at random)."""
 TARGET_RATIO = 0.95
@@ -102,8 +124,47 @@ def discard(response: Any) -> None:
     response.release_conn()
 
 
-def node_body(name: str) -> dict[str, Any]:
-    gpus = tuple(Gpu(i, mock_uuid(name, i), mem) for i, mem in enumerate(GPU_SIZES))
+def gpu_sizes(spec: str) -> tuple[int, ...]:
+    """--node-gpus: each GPU's GiB, comma-separated."""
+    with contextlib.suppress(ValueError):
+        sizes = tuple(int(part) for part in spec.split(","))
+        if min(sizes) >= 1:
+            return sizes
+    raise argparse.ArgumentTypeError(f'want GiB per GPU, e.g. "16,16,24,24", got {spec!r}')
+
+
+def scheduler_config(scoring: str) -> dict[str, Any]:
+    """The KubeSchedulerConfiguration kube-scheduler starts with: the chart's example
+    (config/kube-scheduler-config.yaml, whose profiles tests/chart holds equal to the
+    chart's rendering), or, for "least-allocated", the same without NodeResourcesFit's
+    pluginConfig, so kube-scheduler scores nodes as it does by default."""
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring: want one of {', '.join(SCORINGS)}, got {scoring!r}")
+    config: dict[str, Any] = yaml.safe_load(local_tier.SCHEDULER_CONFIG.read_text())
+    if scoring == "least-allocated":
+        for profile in config["profiles"]:
+            kept = [p for p in profile.pop("pluginConfig", ()) if p["name"] != "NodeResourcesFit"]
+            if kept:
+                profile["pluginConfig"] = kept
+    return config
+
+
+def describe_scoring(config: dict[str, Any]) -> str:
+    """NodeResourcesFit's scoring in the first profile, for the start line."""
+    fit: dict[str, Any] = next(
+        (p["args"] for p in config["profiles"][0].get("pluginConfig", ())
+         if p["name"] == "NodeResourcesFit"),
+        {},
+    )  # fmt: skip
+    strategy = fit.get("scoringStrategy")
+    if strategy is None:
+        return "LeastAllocated on cpu, memory (kube-scheduler's default)"
+    weights = ", ".join(f"{r['name']} {r['weight']}" for r in strategy["resources"])
+    return f"{strategy['type']} ({weights})"
+
+
+def node_body(name: str, sizes: tuple[int, ...]) -> dict[str, Any]:
+    gpus = tuple(Gpu(i, mock_uuid(name, i), mem) for i, mem in enumerate(sizes))
     body = gpu_node(name, gpus, mode="cgpu", labels={BENCH_LABEL: "1"}).to_manifest()
     body.update(apiVersion="v1", kind="Node")
     body["metadata"] = {k: v for k, v in body["metadata"].items() if v}
@@ -168,6 +229,11 @@ def pod_body(kind: str, name: str, gib: int) -> dict[str, Any]:
             "terminationGracePeriodSeconds": 0,
         },
     }
+
+
+def pod_names(kind: str, index: int, count: int) -> list[str]:
+    """The pods of set `index`."""
+    return [f"{kind}-{index}-{n}" for n in range(count)]
 
 
 def in_threads(threads: int, items: list[Any], work: Any) -> None:
@@ -306,7 +372,7 @@ def run_set(
     pids: dict[str, int], ops_port: int, token: str, load: Load,
 ) -> SetResult:  # fmt: skip
     core = client.CoreV1Api(api)
-    names = [f"{kind}-{index}-{n}" for n in range(count)]
+    names = pod_names(kind, index, count)
     bodies = [pod_body(kind, name, load.gib(n, load.rng)) for n, name in enumerate(names)]
     cpu_before = {who: cpu_seconds(pid) for who, pid in pids.items()}
     latency_before = extender_latency(ops_port)
@@ -331,6 +397,60 @@ def run_set(
     return SetResult(kind, count, created, bound, cpu, latency, cycle)
 
 
+@dataclass(frozen=True)
+class Packing:
+    gpus: int
+    nodes: int
+    fewest_gpus: int
+    fewest_nodes: int
+
+    def line(self) -> str:
+        return (
+            f"packing: {self.gpus} GPUs on {self.nodes} nodes "
+            f"(minimum {self.fewest_gpus} GPUs, {self.fewest_nodes} nodes)"
+        )
+
+
+def packing(pods: list[dict[str, Any]], sizes: tuple[int, ...], nodes: int) -> Packing:
+    """The GPUs (node, index) and nodes that bound pods hold, as their allocation
+    annotations say; and the fewest GPUs and nodes of `nodes` nodes of GPUs of `sizes`
+    GiB that could hold as much GPU memory."""
+    held: set[tuple[str, int]] = set()
+    gib = 0
+    for manifest in pods:
+        pod = Pod.model_validate(manifest)
+        allocation = annotation.decode(pod)
+        if allocation is None:
+            raise ValueError(f"pod {pod.key} is bound but has no allocation annotation")
+        for gpu in (s for c in allocation.containers for s in c.gpus):
+            held.add((allocation.node, gpu.index))
+            gib += gpu.mem
+    nodes_held = len({node for node, _ in held})
+    return Packing(
+        len(held), nodes_held, fewest_gpus(gib, sizes, nodes), math.ceil(gib / sum(sizes))
+    )
+
+
+def fewest_gpus(gib: int, sizes: tuple[int, ...], nodes: int) -> int:
+    """The fewest GPUs of `nodes` nodes of GPUs of `sizes` GiB that add up to `gib`:
+    the largest first."""
+    count = 0
+    for size in sorted(sizes, reverse=True):  # each size: one GPU on every node
+        taken = min(nodes, max(0, math.ceil(gib / size)))
+        count, gib = count + taken, gib - taken * size
+    return count
+
+
+def bound_pods(core: client.CoreV1Api, names: list[str]) -> list[dict[str, Any]]:
+    """These pods as the API server holds them (raw JSON, as Pod reads it)."""
+    response: Any = core.list_namespaced_pod(  # unread: an HTTP response
+        NAMESPACE, label_selector=f"{BENCH_LABEL}=gpu", _preload_content=False
+    )
+    wanted = set(names)
+    items: list[dict[str, Any]] = json.loads(response.data)["items"]
+    return [pod for pod in items if pod["metadata"]["name"] in wanted]
+
+
 def recorded_pid(state: Path, name: str) -> int:
     return int((state / f"{name}.pid").read_text())
 
@@ -346,6 +466,19 @@ class BenchCluster(local_tier.LocalCluster):
         if self.extender_extra and self.extender_extra[0] not in self.extender.args:
             self.extender.args += list(self.extender_extra)
         super().start_extender()
+
+
+def bench_cluster(
+    state: Path, bins: local_tier.Binaries, extender_extra: tuple[str, ...], scoring: str
+) -> BenchCluster:
+    """The cluster, its kube-scheduler configured by scheduler_config(scoring)."""
+    path = state / "bench-scheduler-config.yaml"  # up.sh renders it to scheduler-config.yaml
+    state.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(scheduler_config(scoring), sort_keys=False))
+    return BenchCluster(
+        kubeconfig=state / "kubeconfig", state=state, bins=bins,
+        extender_extra=extender_extra, scheduler_config=path,
+    )  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -371,7 +504,14 @@ def profiled(pid: int, out: Path | None) -> Iterator[None]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument(
+        "--nodes", type=int, default=1000, help="API-only nodes (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--node-gpus", type=gpu_sizes, default=GPU_SIZES,
+        help="each node's GPUs, GiB, comma-separated (default: %(default)s; issue 40: "
+        "16,16,16,16)",
+    )  # fmt: skip
     parser.add_argument("--pods", type=int, default=2000, help="pods per set")
     parser.add_argument("--threads", type=int, default=8, help="creating threads per set")
     parser.add_argument(
@@ -392,6 +532,12 @@ def main() -> int:
     parser.add_argument(
         "--default-placement", default=None,
         help="passed to gpushare-extender (default: the extender's own default)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--scoring", choices=SCORINGS, default="chart",
+        help="kube-scheduler's NodeResourcesFit scoring: the chart's (MostAllocated with GPU "
+        "memory, config/kube-scheduler-config.yaml) or kube-scheduler's default "
+        "(LeastAllocated; no pluginConfig) (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
         "--py-spy", type=Path, default=None,
@@ -425,9 +571,7 @@ def main() -> int:
         "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics"
     )
     extra = ("--default-placement", args.default_placement) if args.default_placement else ()
-    cluster = BenchCluster(
-        kubeconfig=state / "kubeconfig", state=state, bins=bins, extender_extra=extra
-    )
+    cluster = bench_cluster(state, bins, extra, args.scoring)
     started = time.monotonic()
     cluster.up()
     try:
@@ -435,6 +579,12 @@ def main() -> int:
             f"cluster {bins.version} up in {time.monotonic() - started:.0f} s; extender "
             f"{' '.join(extra) or '(default placement)'}; {os.cpu_count()} CPUs, "
             f"load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
+        print(
+            f"kube-scheduler scoring {args.scoring}: "
+            f"{describe_scoring(scheduler_config(args.scoring))}; nodes of "
+            f"{'+'.join(map(str, args.node_gpus))} GiB GPUs",
             flush=True,
         )
         assert cluster.extender is not None and cluster.extender.process is not None
@@ -452,7 +602,7 @@ def main() -> int:
         nodes = [f"bench-{n:05d}" for n in range(args.nodes)]
         in_threads(
             args.threads,
-            [node_body(name) for name in nodes],
+            [node_body(name, args.node_gpus) for name in nodes],
             lambda body: discard(core.create_node(body, _preload_content=False)),
         )
         print(f"{args.nodes} nodes created in {time.monotonic() - t:.1f} s", flush=True)
@@ -474,6 +624,9 @@ def main() -> int:
                 print(f"      kube-scheduler {what:22} {n:6.0f} x, mean {1000 * mean:6.2f} ms")
             for verb, (n, mean) in sorted(result.latency.items()):
                 print(f"      extender {verb:28} {n:6.0f} x, mean {1000 * mean:6.2f} ms")
+            if kind == "gpu":
+                pods = bound_pods(core, pod_names(kind, index, args.pods))
+                print(f"      {packing(pods, args.node_gpus, args.nodes).line()}", flush=True)
             time.sleep(2)
         return report(results)
     finally:

@@ -109,6 +109,13 @@ def render(
     return Rendered(objects, notes, manifests)
 
 
+def scheduler_config(rendered: Rendered) -> dict[str, Any]:
+    """The KubeSchedulerConfiguration the chart gives its kube-scheduler."""
+    config_map = rendered.one("ConfigMap", f"{FULLNAME}-scheduler-config")
+    config: dict[str, Any] = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])
+    return config
+
+
 def render_chart(
     values: Mapping[str, Any],
     kube_version: str,

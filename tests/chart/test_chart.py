@@ -31,6 +31,7 @@ from tests.chart.rendering import (
     flags,
     render,
     render_chart,
+    scheduler_config,
     webhook_configurations,
 )
 from tests.prometheus import ALERTS
@@ -462,11 +463,6 @@ def test_install_guide_says_what_the_chart_renders_on_gpu_nodes():
 
 
 # ----- the scheduler Deployment and its configuration
-
-
-def scheduler_config(rendered) -> dict:
-    config_map = rendered.one("ConfigMap", f"{FULLNAME}-scheduler-config")
-    return yaml.safe_load(config_map["data"]["scheduler-config.yaml"])
 
 
 def test_scheduler_runs_stock_kube_scheduler_with_the_extender_as_sidecar(default):

@@ -270,6 +270,8 @@ class LocalCluster(KubectlTarget):
     """"" (no pod network: our parts as host processes) or "bridge" (real pod
     addresses, Services' endpoints, ServiceAccount tokens: the chart's pods run)."""
     is_up: bool = False
+    scheduler_config: Path = SCHEDULER_CONFIG
+    """The KubeSchedulerConfiguration kube-scheduler starts with."""
 
     @property
     def version(self) -> str:
@@ -332,7 +334,7 @@ class LocalCluster(KubectlTarget):
 
     def start_cluster(self) -> None:
         self.script("prepare.sh")
-        self.script("up.sh", SCHED_CONFIG=str(SCHEDULER_CONFIG), NO_FAKE_DP="1", WITH_KCM="1")
+        self.script("up.sh", SCHED_CONFIG=str(self.scheduler_config), NO_FAKE_DP="1", WITH_KCM="1")
 
     def down(self) -> None:
         global _running

@@ -9,7 +9,19 @@ from collections import Counter
 import pytest
 
 from gpushare.cli.main import main
-from gpushare.simulator.mixes import MIXES, Family, Mix, generate, is_multi_gpu, is_sharing, parse
+from gpushare.simulator.mixes import (
+    CHECK_SET,
+    MIXES,
+    TUNING_SET,
+    Family,
+    Mix,
+    MixRun,
+    generate,
+    is_multi_gpu,
+    is_sharing,
+    parse,
+    parse_run,
+)
 from gpushare.simulator.run import PolicyChoice, simulate
 from gpushare.simulator.trace import MILLI_PER_GPU, Trace, load
 from tests.simulator.traces import NODES_CSV, PODS_CSV, subsample
@@ -63,6 +75,38 @@ def test_gpuspec_mixes_pin_that_share_of_gpu_pods_to_a_model_that_can_hold_them(
     # Models in proportion to their GPUs: G2 is 4,392 of the 6,212.
     g2 = sum(1 for p in pinned if p.gpu_spec == frozenset({"G2"})) / len(pinned)
     assert 0.6 < g2 < 0.8
+
+
+@pytest.mark.parametrize("percent", [20, 33])
+def test_gpumodel_mixes_pin_as_production_pins_mostly_to_t4(openb, percent):
+    """Issue 40's published lists: most pins on T4 (13.5% of the GPUs), G2, P100 and the
+    V100 pair as a set, every pinned pod on a model set whose nodes can hold it."""
+    mix = generate(openb, Mix(Family.GPUMODEL, percent), seed=1)
+    gpu = gpu_pods(mix)
+    pinned = [p for p in gpu if p.gpu_spec]
+    assert abs(len(pinned) / len(gpu) - percent / 100) <= 0.01
+    shares = Counter(p.gpu_spec for p in pinned)
+    t4 = shares[frozenset({"T4"})] / len(pinned)
+    assert 0.5 < t4 < 0.62 and shares.most_common(1)[0][0] == frozenset({"T4"})
+    assert shares[frozenset({"V100M16", "V100M32"})] / len(pinned) > 0.08
+    for pod in pinned:
+        assert any(n.model in pod.gpu_spec and n.gpus >= pod.num_gpu for n in openb.nodes), pod
+        if pod.num_gpu == 8:  # no 8-GPU T4 or P100 node exists: never pinned there
+            assert pod.gpu_spec.isdisjoint({"T4", "P100"}), pod
+    unpinned = [(p.cpu_milli, p.num_gpu, p.gpu_milli) for p in mix.pods]
+    assert unpinned == [(p.cpu_milli, p.num_gpu, p.gpu_milli) for p in openb.pods]
+
+
+def test_the_check_set_is_held_out_from_the_tuning_set():
+    tuned = {(run.name, run.seed) for run in TUNING_SET}
+    assert not tuned & {(run.name, run.seed) for run in CHECK_SET}
+    assert {run.name for run in CHECK_SET} >= {"gpumodel20", "gpumodel33", "cpu250"}
+    assert parse_run("gpumodel20~1") == MixRun("gpumodel20", 1)
+    assert parse_run("default") == MixRun("default") and MixRun("cpu250", 1).label == "cpu250~1"
+    with pytest.raises(ValueError, match="whole number"):
+        parse_run("cpu250~x")
+    with pytest.raises(ValueError, match="unknown mix"):
+        parse_run("gpumodel50~1")
 
 
 @pytest.mark.parametrize("percent", [0, 50, 100, 200, 300])

@@ -5,6 +5,7 @@ said, within a step budget) and the policy only orders the candidates, so
 every policy agrees on what fits and differs only in what it prefers.
 """
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,8 +91,20 @@ def evaluate(view: NodeView, request: PodRequest, policy: PlacementPolicy) -> Pl
 
 
 def extender_score(score: float) -> int:
-    """A policy score (0..100) as the extender's 0..10 integer."""
+    """A policy score (0..100) as a 0..10 integer on its own (what the extender sent
+    kube-scheduler before issue 40; the simulator's model of that release)."""
     return min(10, max(0, round(score / 10)))
+
+
+def relative_score(best: float, score: float) -> int:
+    """A policy score (0..100) as the extender's 0..10 integer, against the best score
+    among the candidate nodes: 10 for the best, one less for each point (a step of
+    FGD's score) below it, 0 from ten points down. kube-scheduler adds its own plugins'
+    scores to the extender's times its weight and takes the highest: scores on their
+    own (score / 10) tie every node within ten points of each other and let its
+    plugins choose among them, which lost the policy's choice (issue 40); relative,
+    the nodes the policy prefers are exactly those with 10."""
+    return max(0, 10 - math.ceil(best - score))
 
 
 def check_node(view: NodeView, request: PodRequest) -> Refusal | None:

@@ -25,8 +25,9 @@ what a cluster gets. What it follows (docs/kube-scheduler.md has the sources):
   (1 - standard deviation of the requested fractions of CPU and memory) * 100. The
   other default plugins score every node alike for these pods (no taints, affinity,
   images or owning workloads) and are left out.
-* The extender's prioritize score times weight times 10; the highest sum wins,
-  ties at random (seeded).
+* The extender's prioritize score (0..10: relative to the best candidate since
+  issue 40, `relative_score`; the score on its own, `extender_score`, before) times
+  weight times 10; the highest sum wins, ties at random (seeded).
 
 GPU memory stands for the extended resource `aliyun.com/gpu-mem` here: milli-GPU
 requested per node, each GPU 1000.
@@ -38,7 +39,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from gpushare.errors import Refusal
-from gpushare.placement.fit import Placement, PlacementPolicy, evaluate, extender_score
+from gpushare.placement.fit import (
+    Placement,
+    PlacementPolicy,
+    evaluate,
+    extender_score,
+    relative_score,
+)
 from gpushare.request import PodRequest
 from gpushare.simulator.trace import MILLI_PER_GPU, TraceNode, TracePod
 from gpushare.state import NodeState
@@ -73,13 +80,18 @@ class KubeSchedulerConfig:
     fit_weight: int = 1
     balanced_weight: int = 1
     """0 when the profile disables NodeResourcesBalancedAllocation."""
+    relative_scores: bool = True
+    """How the extender scores the candidates: relative to the best (since issue 40) or
+    each on its own (round(score / 10), before)."""
 
 
 STOCK = KubeSchedulerConfig()
-"""kube-scheduler as it comes, with an extender of weight 20."""
+"""kube-scheduler as it comes (adaptive sample, LeastAllocated), with the extender at
+weight 20."""
 
-CHART_BEFORE = KubeSchedulerConfig(percentage_of_nodes_to_score=100)
-"""The chart's scheduler before issue 40: every node scored, the default plugins."""
+CHART_BEFORE = KubeSchedulerConfig(percentage_of_nodes_to_score=100, relative_scores=False)
+"""The chart's scheduler and extender before issue 40: every node scored, the default
+plugins, extender scores each on its own."""
 
 CHART = KubeSchedulerConfig(
     percentage_of_nodes_to_score=100,
@@ -134,6 +146,11 @@ def per_node(scores: Sequence[float]) -> list[int]:
     return [extender_score(s) for s in scores]
 
 
+def relative(scores: Sequence[float]) -> list[int]:
+    best = max(scores)
+    return [relative_score(best, s) for s in scores]
+
+
 class KubeScheduler:
     """Chooses nodes as kube-scheduler with the extender would; the same interface as
     the paper's `Scheduler` (`choose`, `changed`), told each placed pod (`placed`)."""
@@ -146,7 +163,7 @@ class KubeScheduler:
         policy: PlacementPolicy,
         config: KubeSchedulerConfig,
         seed: int,
-        extender_scores: ExtenderScores = per_node,
+        extender_scores: ExtenderScores | None = None,
     ) -> None:
         if len(states) != len(nodes) or sorted(order) != list(range(len(nodes))):
             raise ValueError("one state per node and an order of all nodes are needed")
@@ -156,6 +173,8 @@ class KubeScheduler:
         self._policy = policy
         self._config = config
         self._rng = random.Random(f"kube-scheduler:{seed}")
+        if extender_scores is None:
+            extender_scores = relative if config.relative_scores else per_node
         self._extender_scores = extender_scores
         self._cpu = [0] * len(nodes)
         self._memory = [0] * len(nodes)

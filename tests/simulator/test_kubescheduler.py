@@ -190,6 +190,7 @@ def test_through_the_charts_scheduler_the_policy_chooses_and_small_pods_stay_pac
     nodes, gpus = occupancy(trace, policy, CHART)
     binpack_nodes, binpack_gpus = occupancy(trace, "binpack", CHART)
     before_nodes, before_gpus = occupancy(trace, policy, CHART_BEFORE)
+    assert before_gpus > 1.3 * gpus
     assert nodes <= 1.3 * binpack_nodes and gpus <= 1.3 * binpack_gpus
     assert before_nodes > 2.5 * nodes
     inflation = trace.requested / trace.capacity

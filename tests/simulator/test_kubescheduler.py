@@ -203,3 +203,12 @@ def test_the_extender_scores_relative_to_the_best_candidate_unless_told_the_old_
     assert relative([73.5, 72.0, 61.0]) == [10, 8, 0]
     assert per_node([73.5, 72.0, 61.0]) == [7, 7, 6]
     assert CHART.relative_scores and not CHART_BEFORE.relative_scores
+
+
+def test_a_configuration_says_what_it_models():
+    assert CHART.describe() == (
+        "100% node sample, NodeResourcesFit MostAllocated (cpu 1, memory 1, "
+        "aliyun.com/gpu-mem 3), extender weight 20 with scores relative to the best"
+    )
+    assert KubeSchedulerConfig().describe().startswith("adaptive node sample, ")
+    assert "each on its own" in CHART_BEFORE.describe()

@@ -335,7 +335,7 @@ def _simulate(args: argparse.Namespace, trace: Trace) -> int:
     )
     kube = None if args.kube_scheduler is None else KUBE_PROFILES[args.kube_scheduler]
     if kube is not None:
-        _say(f"  nodes chosen by a model of kube-scheduler: {args.kube_scheduler} ({kube})")
+        _say(f"  nodes chosen by kube-scheduler's model, {args.kube_scheduler}: {kube.describe()}")
     jobs: list[Job] = [(c, seed, args.inflation, kube) for c in choices for seed in args.seeds]
     started = time.perf_counter()
     results: list[RunResult] = []

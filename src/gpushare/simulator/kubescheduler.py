@@ -7,7 +7,8 @@ nodes its own filters pass, sampled by `percentageOfNodesToScore`, by the sum of
 score plugins and the extender's 0..10 score times the extender's weight times 10.
 The paper's scheduler (scheduler.py) takes the policy's best node, ties to a fixed
 rank; this model takes what kube-scheduler would, so that a policy's figures are
-what a cluster gets. What it follows (docs/kube-scheduler.md has the sources):
+what a cluster gets. What it follows (kube-scheduler's pkg/scheduler/schedule_one.go
+and framework/plugins/noderesources; docs/placement.md#the-kube-scheduler-model):
 
 * Sample: `numFeasibleNodesToFind`: every node below 100 nodes or at 100%; else the
   percentage (0: adaptive, 50 - nodes / 125, at least 5) of the nodes, at least 100.
@@ -83,6 +84,15 @@ class KubeSchedulerConfig:
     relative_scores: bool = True
     """How the extender scores the candidates: relative to the best (since issue 40) or
     each on its own (round(score / 10), before)."""
+
+    def describe(self) -> str:
+        sample = self.percentage_of_nodes_to_score
+        resources = ", ".join(f"{name} {weight}" for name, weight in self.resources)
+        return (
+            f"{'adaptive' if sample <= 0 else f'{sample}%'} node sample, NodeResourcesFit "
+            f"{self.strategy} ({resources}), extender weight {self.extender_weight} with "
+            f"scores {'relative to the best' if self.relative_scores else 'each on its own'}"
+        )
 
 
 STOCK = KubeSchedulerConfig()

@@ -10,7 +10,7 @@ from gpushare.allocation import PodAllocation
 from gpushare.extender.cache import SchedulerCache
 from gpushare.extender.fittable import AnswerTable
 from gpushare.extender.pendingpod import PendingPod
-from gpushare.placement.fit import Assignment, Placement, PlacementPolicy
+from gpushare.placement.fit import Assignment, Placement, PlacementPolicy, relative_score
 from gpushare.placement.lookahead import LookaheadFgdPolicy
 from gpushare.placement.policies import POLICIES, PolicyFactory
 from gpushare.request import PodRequest
@@ -101,26 +101,31 @@ class Cluster:
         assert shared == alone  # the same GPUs, or the same refusal
         return isinstance(shared, PodAllocation)
 
-    def fresh(self, shape: dict) -> dict[str, object]:
+    def fresh(self, shape: dict, names: list[str] | None = None) -> dict[str, object]:
+        """What filter and prioritize send about these nodes (every node unless told),
+        each evaluated alone; the priorities against the best score among them."""
         parts: dict[str, dict] = {"failed": {}, "unresolvable": {}}
         passed: list[str] = []
-        priorities: list[dict] = []
+        scores: dict[str, float | None] = {}
         rules: dict[str, int] = {}
-        for name in self.names:
+        for name in self.names if names is None else names:
             one = said(self.alone[name], shape, [name])
             passed += one["passed"]  # type: ignore[operator]
-            priorities += one["priorities"]  # type: ignore[operator]
+            scores[name] = self.alone[name].answers(pending("asked", shape), [name]).best()
             parts["failed"].update(one["failed"])  # type: ignore[arg-type]
             parts["unresolvable"].update(one["unresolvable"])  # type: ignore[arg-type]
             for rule, count in one["rules"].items():  # type: ignore[attr-defined]
                 rules[rule] = rules.get(rule, 0) + count
+        best = max((score for score in scores.values() if score is not None), default=0.0)
+        priorities = [
+            {"Host": name, "Score": 0 if score is None else relative_score(best, score)}
+            for name, score in scores.items()
+        ]
         return {"passed": passed, **parts, "priorities": priorities, "rules": rules}
 
     def fresh_priorities(self, shape: dict, names: list[str]) -> list[dict]:
         """What prioritize sends for these nodes, each evaluated alone."""
-        every: list[dict] = self.fresh(shape)["priorities"]  # type: ignore[assignment]
-        by_host = {p["Host"]: p for p in every}
-        return [by_host[name] for name in names]
+        return self.fresh(shape, names)["priorities"]  # type: ignore[return-value]
 
 
 def test_nodes_in_one_state_are_answered_as_each_alone_would_be():
@@ -180,8 +185,7 @@ def test_entries_renewed_by_a_move_serve_other_lists_and_follow_later_changes():
         policy.observe(request(mem=11))
     every_other = cluster.names[::2]
     for shape in SHAPES:
-        priorities: list[dict] = cluster.fresh(shape)["priorities"]  # type: ignore[assignment]
-        expected = [p for p in priorities if p["Host"] in every_other]
+        expected = cluster.fresh_priorities(shape, every_other)
         assert said(cluster.shared, shape, every_other)["priorities"] == expected, shape
     # Each of these nodes leaves its state for a moment and comes back to it: it is
     # answered from the state's answer under the moved workload, not the one before.
@@ -243,7 +247,7 @@ def test_prioritize_of_the_nodes_filter_passed_is_their_fresh_priority_list():
     # A pod lands on a node that passed and changes its score there; the list stays.
     for target in passed:
         assert cluster.place(target, f"between-{target}", {"mem": 9})
-        if cluster.fresh_priorities(shape, [target]) != [p for p in answer if p["Host"] == target]:
+        if cluster.fresh_priorities(shape, passed) != answer:
             break
     else:
         raise AssertionError("no 9 GiB pod changed a node's score")

@@ -47,13 +47,7 @@ from gpushare.fitcache import FitCache
 from gpushare.inventory import adds_room, node_gpus
 from gpushare.labels import NodeMode
 from gpushare.objects import Node, Pod
-from gpushare.placement.fit import (
-    Placement,
-    PlacementPolicy,
-    evaluate,
-    extender_score,
-    to_allocation,
-)
+from gpushare.placement.fit import Placement, PlacementPolicy, evaluate, to_allocation
 from gpushare.placement.policies import DEFAULT_PLACEMENT, POLICIES, PolicyFactory, build
 from gpushare.placement.preemption import choose_victims
 from gpushare.request import PodRequest, requests_gpu
@@ -706,7 +700,7 @@ class SchedulerCache:
                 else f"node {name} is not known to the gpushare extender (yet)"
             )
             refusal = Refusal(Rule.NODE_UNKNOWN, message)
-            return NodeFit(None, refusal, 0)
+            return NodeFit(None, refusal)
         return _fit(evaluate(state.view(), request, self._policy_for(name, pod_policy)))
 
 
@@ -742,8 +736,8 @@ class _Evaluation:
 
 def _fit(result: Placement | Refusal) -> NodeFit:
     if isinstance(result, Refusal):
-        return NodeFit(None, result, 0)
-    return NodeFit(result, None, extender_score(result.score))
+        return NodeFit(None, result)
+    return NodeFit(result, None)
 
 
 def _our_allocatable(node: Node | None) -> dict[str, int]:

@@ -36,6 +36,7 @@ from gpushare.extender.cache import SchedulerCache
 from gpushare.extender.metrics import (
     ALLOWED,
     BindResult,
+    EventDrop,
     ExtenderMetrics,
     RequeueResult,
     Verb,
@@ -60,6 +61,7 @@ SOURCES: Mapping[tuple[str, str], Iterable[str]] = {
     ("gpushare_extender_binds", "result"): BindResult,
     ("gpushare_extender_filter_rejections", "rule"): Rule,
     ("gpushare_extender_requeues", "result"): RequeueResult,
+    ("gpushare_extender_events_dropped", "reason"): EventDrop,
     ("gpushare_admission_reviews", "webhook"): Webhook,
     ("gpushare_admission_reviews", "allowed"): ALLOWED,
     ("gpushare_admission_errors", "webhook"): Webhook,

@@ -29,6 +29,7 @@ def test_every_policy_sees_the_same_known_answers_on_a_tiny_trace(sharing_trace,
     assert round(bins[30].frag_ratio_pct, 4) == round(100 * 400 / 1400, 4)
     assert round(bins[60].frag_ratio_pct, 6) == 100
     assert [bins[b].occupied_nodes for b in (30, 60, 90, 120)] == [1, 2, 2, 2]
+    assert [bins[b].used_gpus for b in (30, 60, 90, 120)] == [1, 2, 2, 2]
     assert result.failed == {PodClass.SHARING: 2}
     assert result.failed_by_100 == {PodClass.SHARING: 1}
 
@@ -90,3 +91,17 @@ def test_the_default_trace_target_workload_has_35_shapes():
     assert len(workload.tasks) == 35  # docs/placement.md#benchmark-metrics, CPU-only pods included
     assert sum(p for _, p in workload.tasks) == pytest.approx(1.0)
     assert any(s.gpus == 0 for s, _ in workload.tasks)
+
+
+def test_used_gpus_count_each_gpu_of_a_node_once_however_many_pods_share_it(tmp_path):
+    # One node of 4 GPUs: two 400-milli slices pack onto one GPU under binpack, then a
+    # 2-GPU pod takes two more: 1, 1, 3 GPUs used on 1 node.
+    trace = tiny(
+        tmp_path,
+        [("a", 64000, 262144, 4, "T4")],
+        [("p0", 1000, 1024, 1, 400, ""), ("p1", 1000, 1024, 1, 400, ""),
+         ("p2", 1000, 1024, 2, 1000, "")],
+    )  # fmt: skip
+    result = simulate(trace, PolicyChoice.parse("binpack"), seed=42, inflation=0.7)
+    used = [b.used_gpus for _, b in sorted(result.bins.items())]
+    assert used == [1, 1, 3] and all(b.occupied_nodes == 1 for b in result.bins.values())

@@ -8,10 +8,10 @@ from collections import Counter
 import pytest
 
 from gpushare.placement.policies import POLICIES
+from gpushare.resources import GPU_MEM
 from gpushare.simulator.kubescheduler import (
     CHART,
     CHART_BEFORE,
-    GPU_MEM,
     KubeScheduler,
     KubeSchedulerConfig,
     Strategy,

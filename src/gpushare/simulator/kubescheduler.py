@@ -48,6 +48,7 @@ from gpushare.placement.fit import (
     relative_score,
 )
 from gpushare.request import PodRequest
+from gpushare.resources import GPU_MEM
 from gpushare.simulator.trace import MILLI_PER_GPU, TraceNode, TracePod
 from gpushare.state import NodeState
 
@@ -60,7 +61,6 @@ ADAPTIVE_NODES_PER_PERCENT = 125
 
 CPU = "cpu"
 MEMORY = "memory"
-GPU_MEM = "aliyun.com/gpu-mem"
 
 
 class Strategy(StrEnum):
@@ -162,8 +162,8 @@ def relative(scores: Sequence[float]) -> list[int]:
 
 
 class KubeScheduler:
-    """Chooses nodes as kube-scheduler with the extender would; the same interface as
-    the paper's `Scheduler` (`choose`, `changed`), told each placed pod (`placed`)."""
+    """Chooses nodes as kube-scheduler with the extender would, told each placed pod
+    (`placed`)."""
 
     def __init__(
         self,
@@ -193,10 +193,9 @@ class KubeScheduler:
         self._next_start = 0
         self.evaluations = 0
 
-    def changed(self, node: int) -> None:
-        """Nothing to do: answers are kept by the node state's version."""
-
     def placed(self, node: int, pod: TracePod) -> None:
+        """Counts the pod's requests on the node (its answers are kept by the node state's
+        version, so nothing else needs telling)."""
         self._cpu[node] += pod.cpu_milli
         self._memory[node] += pod.memory_mib
         self._gpu[node] += pod.gpu_total

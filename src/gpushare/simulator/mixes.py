@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from gpushare.simulator.trace import MILLI_PER_GPU, Trace, TraceNode, TracePod
+from gpushare.simulator.trace import MILLI_PER_GPU, PodClass, Trace, TraceNode, TracePod
 
 DEFAULT_MIX_SEED = 0
 
@@ -151,9 +151,9 @@ def generate(trace: Trace, mix: Mix, seed: int = DEFAULT_MIX_SEED) -> Trace:
         case Family.MULTIGPU:
             drawn = _reweighted(pods, is_multi_gpu, mix.percent, rng)
         case Family.GPUSPEC:
-            drawn = _pinned(pods, trace.nodes, mix.percent, rng)
+            drawn = _pinned(pods, mix.percent, rng, _by_supply(trace.nodes))
         case Family.GPUMODEL:
-            drawn = _pinned_as_published(pods, trace.nodes, mix.percent, rng)
+            drawn = _pinned(pods, mix.percent, rng, _as_published(trace.nodes))
         case Family.CPU:
             drawn = _cpu_scaled(pods, mix.percent, rng)
     width = max(4, len(str(len(drawn) - 1)))  # names sort in the order drawn
@@ -176,16 +176,29 @@ def _reweighted(
     return [*cpu_only, *rng.choices(inside, k=wanted), *rng.choices(outside, k=len(gpu) - wanted)]
 
 
+ModelSet = frozenset[str]
+ModelDraw = Callable[[TracePod, random.Random], ModelSet]
+"""The model set a pod to pin names, drawn with the mix's generator."""
+
+
 def _pinned(
-    pods: Sequence[TracePod], nodes: Sequence[TraceNode], percent: int, rng: random.Random
+    pods: Sequence[TracePod], percent: int, rng: random.Random, draw: ModelDraw
 ) -> list[TracePod]:
+    """The pods, `percent`% of the GPU pods (drawn at random) pinned to a model set."""
     gpu_index = [i for i, p in enumerate(pods) if p.num_gpu]
     if not gpu_index:
         raise ValueError("the base pod list has no GPU pods to pin")
-    pinned = set(rng.sample(gpu_index, round(len(gpu_index) * percent / 100)))
     result = list(pods)
-    for i in sorted(pinned):  # sorted: the draws below must not follow set order
-        pod = pods[i]
+    # sorted: the models are drawn in pod order, not in the order sampled
+    for i in sorted(rng.sample(gpu_index, round(len(gpu_index) * percent / 100))):
+        result[i] = replace(pods[i], gpu_spec=draw(pods[i], rng))
+    return result
+
+
+def _by_supply(nodes: Sequence[TraceNode]) -> ModelDraw:
+    """One model, in proportion to its GPUs on nodes large enough for the pod (`gpuspecXX`)."""
+
+    def draw(pod: TracePod, rng: random.Random) -> ModelSet:
         supply: dict[str, int] = {}
         for node in nodes:
             if node.model and node.gpus >= pod.num_gpu:
@@ -194,65 +207,57 @@ def _pinned(
             raise ValueError(f"no node has {pod.num_gpu} GPUs for pod {pod.name}")
         models = sorted(supply)
         (model,) = rng.choices(models, weights=[supply[m] for m in models])
-        result[i] = replace(pod, gpu_spec=frozenset({model}))
-    return result
+        return frozenset({model})
+
+    return draw
 
 
-ModelSet = frozenset[str]
 V100 = frozenset({"V100M16", "V100M32"})
-MODEL_CHOICES: dict[str, tuple[tuple[ModelSet, float], ...]] = {
-    "sharing": (
+MODEL_CHOICES: dict[PodClass, tuple[tuple[ModelSet, float], ...]] = {
+    PodClass.SHARING: (
         (frozenset({"T4"}), 0.70),
         (frozenset({"G2"}), 0.15),
         (frozenset({"P100"}), 0.10),
         (V100, 0.05),
     ),
-    "1-gpu": (
+    PodClass.GPU1: (
         (frozenset({"T4"}), 0.45),
         (frozenset({"G2"}), 0.25),
         (frozenset({"P100"}), 0.15),
         (V100, 0.15),
     ),
-    "2-gpu": (
+    PodClass.GPU2: (
         (frozenset({"T4"}), 0.40),
         (frozenset({"P100"}), 0.30),
         (frozenset({"G2"}), 0.20),
         (V100, 0.10),
     ),
-    "4-gpu": ((V100, 0.50), (frozenset({"G2"}), 0.30), (frozenset({"T4"}), 0.20)),
-    "8-gpu": ((frozenset({"G2"}), 0.50), (V100, 0.30), (frozenset({"G3"}), 0.20)),
+    PodClass.GPU4: ((V100, 0.50), (frozenset({"G2"}), 0.30), (frozenset({"T4"}), 0.20)),
+    PodClass.GPU8: ((frozenset({"G2"}), 0.50), (V100, 0.30), (frozenset({"G3"}), 0.20)),
 }
 """Per pod class, the model sets a pinned pod names and how often (`gpumodelXX`):
 inference slices mostly on T4, training on V100 and the 8-GPU G2/G3 machines."""
 
 
-def pod_class(pod: TracePod) -> str:
-    return "sharing" if is_sharing(pod) else f"{pod.num_gpu}-gpu"
-
-
-def _pinned_as_published(
-    pods: Sequence[TracePod], nodes: Sequence[TraceNode], percent: int, rng: random.Random
-) -> list[TracePod]:
-    gpu_index = [i for i, p in enumerate(pods) if p.num_gpu]
-    if not gpu_index:
-        raise ValueError("the base pod list has no GPU pods to pin")
+def _as_published(nodes: Sequence[TraceNode]) -> ModelDraw:
+    """A model set of the pod's class (MODEL_CHOICES) whose nodes can hold it (`gpumodelXX`)."""
     largest: dict[str, int] = {}
     for node in nodes:
         if node.model:
             largest[node.model] = max(largest.get(node.model, 0), node.gpus)
-    result = list(pods)
-    for i in sorted(rng.sample(gpu_index, round(len(gpu_index) * percent / 100))):
-        pod = pods[i]
+
+    def draw(pod: TracePod, rng: random.Random) -> ModelSet:
         choices = [
             (models, weight)
-            for models, weight in MODEL_CHOICES.get(pod_class(pod), ())
+            for models, weight in MODEL_CHOICES.get(pod.kind, ())
             if any(largest.get(m, 0) >= pod.num_gpu for m in models)
         ]
         if not choices:
-            raise ValueError(f"no model set of {pod_class(pod)} pods has nodes for pod {pod.name}")
+            raise ValueError(f"no model set of {pod.kind} pods has nodes for pod {pod.name}")
         (models,) = rng.choices([c[0] for c in choices], weights=[c[1] for c in choices])
-        result[i] = replace(pod, gpu_spec=models)
-    return result
+        return models
+
+    return draw
 
 
 def _cpu_scaled(pods: Sequence[TracePod], percent: int, rng: random.Random) -> list[TracePod]:

@@ -9,6 +9,7 @@ import httpx
 
 from gpushare import annotation
 from gpushare.allocation import PodAllocation
+from gpushare.cluster import ClusterError, EventSeverity, ObjectRef
 from gpushare.cluster.memory import MemoryCluster, RecordedEvent
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import ExtenderConfig, ExtenderService
@@ -31,6 +32,22 @@ def pod_json(pod: Pod) -> dict[str, Any]:
     manifest = pod.to_manifest()
     manifest.setdefault("status", {})
     return manifest
+
+
+class RefusingEvents(MemoryCluster):
+    """Refuses the events of the pod with this name, as an API server whose RBAC or
+    admission forbids them; posts the others."""
+
+    def __init__(self, refused: str) -> None:
+        super().__init__()
+        self.refused = refused
+
+    def record_event(
+        self, ref: ObjectRef, severity: EventSeverity, reason: str, message: str
+    ) -> None:
+        if ref.name == self.refused:
+            raise ClusterError("events is forbidden")
+        super().record_event(ref, severity, reason, message)
 
 
 class Scheduler:

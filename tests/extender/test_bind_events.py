@@ -8,13 +8,13 @@ import time
 
 import httpx
 
-from gpushare.cluster import ClusterError, EventSeverity, ObjectRef
+from gpushare.cluster import EventSeverity, ObjectRef
 from gpushare.cluster.memory import MemoryCluster
 from gpushare.extender.cache import SchedulerCache
 from gpushare.extender.eventqueue import PodEventQueue
 from gpushare.extender.metrics import ExtenderMetrics
 from tests.builders import node, pod
-from tests.extender.harness import Scheduler
+from tests.extender.harness import RefusingEvents, Scheduler
 
 DROPPED = "gpushare_extender_events_dropped_total"
 
@@ -46,17 +46,6 @@ class _SlowEvents(MemoryCluster):
         self, ref: ObjectRef, severity: EventSeverity, reason: str, message: str
     ) -> None:
         time.sleep(self.delay_s)
-        super().record_event(ref, severity, reason, message)
-
-
-class _RefusedEvents(MemoryCluster):
-    """Refuses the event of the pod named "p"."""
-
-    def record_event(
-        self, ref: ObjectRef, severity: EventSeverity, reason: str, message: str
-    ) -> None:
-        if ref.name == "p":
-            raise ClusterError("events is forbidden")
         super().record_event(ref, severity, reason, message)
 
 
@@ -102,7 +91,7 @@ def test_bind_answers_before_its_event_is_posted():
 
 
 def test_an_event_the_api_refuses_is_logged_and_the_bind_still_succeeds(caplog):
-    cluster = _RefusedEvents()
+    cluster = RefusingEvents("p")
     cluster.add_node(node("n", "1x16GiB"))
     caplog.set_level(logging.WARNING, logger="gpushare.extender")
     s = Scheduler(cluster)

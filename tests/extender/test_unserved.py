@@ -4,13 +4,13 @@ Warning event on the pod itself, where `kubectl describe pod` shows it."""
 
 import logging
 
-from gpushare.cluster import ClusterError, EventSeverity, EventType, ObjectRef
+from gpushare.cluster import EventSeverity, EventType, ObjectRef
 from gpushare.cluster.memory import MemoryCluster, RecordedEvent
 from gpushare.extender.cache import SchedulerCache
 from gpushare.extender.unserved import SCHEDULER_NOT_SERVED
 from gpushare.objects import Pod, PodStatus
 from tests.builders import being_deleted, pod
-from tests.extender.harness import Scheduler, wait_until
+from tests.extender.harness import RefusingEvents, Scheduler, wait_until
 
 SERVED = ("gpushare-scheduler", "ack-co-scheduler")
 FAILED = PodStatus(phase="Failed")
@@ -120,19 +120,8 @@ def test_a_pod_deleted_and_created_again_gets_a_new_event(cluster, scheduler_for
     wait_until(lambda: len(noticed(cluster, "again")) == 2, what="a second event")
 
 
-class RefusingCluster(MemoryCluster):
-    """Refuses the event of the pod named "refused"."""
-
-    def record_event(
-        self, ref: ObjectRef, severity: EventSeverity, reason: str, message: str
-    ) -> None:
-        if ref.name == "refused":
-            raise ClusterError("events is forbidden")
-        super().record_event(ref, severity, reason, message)
-
-
 def test_an_event_the_api_refuses_is_logged_and_the_worker_goes_on(caplog):
-    refusing = RefusingCluster()
+    refusing = RefusingEvents("refused")
     caplog.set_level(logging.INFO, logger="gpushare.extender.unserved")
     scheduler = Scheduler(refusing)
     try:

@@ -50,7 +50,7 @@ from gpushare.objects import Pod
 from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.request import parse_pod_request
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
-from gpushare.testing.kubelet import KubeletStandIn
+from gpushare.standins.kubelet import KubeletStandIn
 
 NODE = "bench-node"
 PENDING = 50

@@ -42,8 +42,8 @@ from gpushare.isolation.pacing import RegionPacer
 from gpushare.isolation.policy import Policy
 from gpushare.isolation.workload import ObservedContainer
 from gpushare.labels import NodeMode
+from gpushare.standins.scenario import Workload, place
 from gpushare.table import render
-from gpushare.testing.scenario import Workload, place
 
 SECONDS = 60.0
 TOLERANCE_PP = 3.0

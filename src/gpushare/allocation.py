@@ -45,10 +45,6 @@ class ContainerAllocation(_Frozen):
     assigned: bool = False
     """Set by the device plugin once the kubelet's Allocate for this container was answered."""
 
-    @property
-    def mem_per_gpu(self) -> tuple[int, ...]:
-        return tuple(s.mem for s in self.gpus)
-
     def spec_in(self, pod: Pod) -> Container | None:
         """This container's spec in `pod`: by its index, else by its name."""
         init = self.role is not ContainerRole.APP

@@ -82,5 +82,3 @@ SCHEDULER_NAME: Final = "gpushare-scheduler"
 ACK_SCHEDULER_NAME: Final = "ack-co-scheduler"
 """The scheduler name ACK's documentation writes into GPU-sharing pods (its sample Job
 gpu-share-sample); gpushare serves it too by default, so those pods run unchanged."""
-
-GIB: Final = 1024**3

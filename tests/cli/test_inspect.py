@@ -9,11 +9,11 @@ from gpushare import annotation
 from gpushare.cli import inspect
 from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.cluster.port import NotFound
-from gpushare.extender.policychoice import node_policy
+from gpushare.extender.policychoice import PolicyChoice
 from gpushare.inventory import parse_layout
 from gpushare.objects import Pod
 from gpushare.placement.fit import Placement, evaluate, to_allocation
-from gpushare.placement.policies import POLICIES, policy_named
+from gpushare.placement.policies import POLICIES
 from gpushare.request import parse_pod_request
 from gpushare.state import ClusterState
 from tests.builders import T0, container, pod
@@ -30,7 +30,9 @@ def place(cluster: MemoryCluster, new: Pod, node: str) -> None:
     placement = evaluate(
         view,
         request,
-        policy_named(node_policy(cluster.get_node(node).metadata.labels, "binpack", POLICIES)),
+        POLICIES[
+            PolicyChoice(POLICIES, "binpack").of_node(cluster.get_node(node).metadata.labels)
+        ](),
     )
     assert isinstance(placement, Placement), placement
     allocation = to_allocation(request, placement.assignment, state.nodes[node].inventory, T0)

@@ -365,7 +365,7 @@ def test_a_limit_ack_admitted_but_that_is_not_a_whole_number_counts_as_none():
         )
     )
     assert v1 is not None
-    assert [(c.name, c.mem_per_gpu) for c in v1.containers] == [("a", (3,))]
+    assert [(c.name, tuple(s.mem for s in c.gpus)) for c in v1.containers] == [("a", (3,))]
     v2 = annotation.decode(
         ack_pod(
             {"scheduler.framework.gpushare.allocation": '{"0":{"0":3}}'},

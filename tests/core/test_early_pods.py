@@ -7,7 +7,7 @@ from gpushare.placement.bestfit import BestFitPolicy
 from gpushare.placement.fgd import GUIDE_WINDOW
 from gpushare.placement.fit import Placement, PlacementPolicy, evaluate, to_allocation
 from gpushare.placement.lookahead import LookaheadFgdPolicy
-from gpushare.placement.policies import DEFAULT_PLACEMENT, BinpackPolicy, policy_named
+from gpushare.placement.policies import DEFAULT_PLACEMENT, POLICIES, BinpackPolicy
 from gpushare.state import NodeState
 from tests.builders import T0, node_state, request
 
@@ -30,7 +30,7 @@ def arrive(state: NodeState, policy: PlacementPolicy, req, key: str) -> object:
     return result.assignment.gpus
 
 
-@pytest.mark.parametrize("policy", [policy_named(DEFAULT_PLACEMENT), BinpackPolicy()])
+@pytest.mark.parametrize("policy", [POLICIES[DEFAULT_PLACEMENT](), BinpackPolicy()])
 def test_pods_of_10_10_and_20_gib_all_fit_two_t4s_and_an_a10(policy):
     # Betting on the prior, the look-ahead put the second 10 GiB pod on the A10 (14 GiB
     # left, room for another 10) and the 20 GiB pod fit no GPU. Packed: T4, T4, A10.
@@ -91,7 +91,7 @@ def test_after_the_workload_shifts_the_policy_packs_until_it_learned_the_new_pod
 
 
 def test_a_policy_told_its_workload_never_packs():
-    policy = LookaheadFgdPolicy(policy_named(DEFAULT_PLACEMENT).workload)  # type: ignore[attr-defined]
+    policy = LookaheadFgdPolicy(POLICIES[DEFAULT_PLACEMENT]().workload)  # type: ignore[attr-defined]
     assert not policy.packing
     for _ in range(GUIDE_WINDOW):
         policy.observe(request(mem=3))

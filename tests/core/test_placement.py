@@ -11,7 +11,7 @@ from gpushare.placement.fit import (
     extender_score,
     to_allocation,
 )
-from gpushare.placement.policies import BinpackPolicy, SpreadPolicy, policy_named
+from gpushare.placement.policies import BinpackPolicy, SpreadPolicy
 from gpushare.request import PodRequest
 from gpushare.state import NodeState
 from tests.builders import T0, container, node_state, request
@@ -291,8 +291,3 @@ def test_binpack_scores_the_fullest_node_best_and_every_node_explains_a_refusal(
         "small": Rule.GPU_TOO_SMALL,
         "empty": Rule.GPU_TOO_SMALL,
     }
-
-
-def test_unknown_policy_names_are_refused_with_the_known_ones():
-    with pytest.raises(ValueError, match="binpack, spread"):
-        policy_named("random")

@@ -14,7 +14,7 @@ from gpushare.inventory import Gpu, NodeGpus
 from gpushare.labels import NodeMode
 from gpushare.objects import Pod
 from gpushare.placement.fit import Placement, evaluate, to_allocation
-from gpushare.placement.policies import POLICIES, policy_named
+from gpushare.placement.policies import POLICIES
 from gpushare.request import ContainerRole, JobType, parse_pod_request
 from gpushare.state import ClusterState
 from tests.builders import T0, container, node, pod
@@ -144,7 +144,7 @@ def test_random_streams_keep_every_rule(nodes, steps, data):
             assert refused.refusals and all(r.message for r in refused.refusals)
             continue
         assert request is not None
-        policy = policy_named(data.draw(st.sampled_from(sorted(POLICIES))))
+        policy = POLICIES[data.draw(st.sampled_from(sorted(POLICIES)))]()
         views = [cluster.nodes[n].view() for n in sorted(cluster.nodes)]
         # kube-scheduler's part: every node is scored, the best one wins
         results = {v.name: evaluate(v, request, policy) for v in views}

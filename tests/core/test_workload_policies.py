@@ -16,7 +16,6 @@ from gpushare.placement.policies import (
     POLICIES,
     BinpackPolicy,
     SpreadPolicy,
-    policy_named,
 )
 from gpushare.placement.workload import PRIOR, LearnedWorkload, TaskShape, Workload
 from gpushare.request import PodRequest
@@ -38,7 +37,7 @@ def place(state: NodeState, req, policy, key: str) -> Placement:
 
 def test_our_policy_is_registered_and_selectable_by_name():
     assert OUR_POLICY == "fgd-lookahead"
-    assert isinstance(policy_named(OUR_POLICY), LookaheadFgdPolicy)
+    assert isinstance(POLICIES[OUR_POLICY](), LookaheadFgdPolicy)
     assert {"binpack", "spread", "bestfit", "fgd", "fgd-lookahead"} <= set(POLICIES)
 
 
@@ -81,7 +80,7 @@ WITH_TWO_GPU_JOBS = Workload(
 @pytest.mark.parametrize("workload", [HALF_GPUS, WITH_TWO_GPU_JOBS])
 def test_the_node_where_the_slice_fits_snugly_scores_higher(name, workload):
     # fgd-lookahead at both ends of its weights: 2 for HALF_GPUS, 0.5 with the 2-GPU jobs.
-    policy = policy_named(name).with_workload(workload)  # type: ignore[attr-defined]
+    policy = POLICIES[name]().with_workload(workload)  # type: ignore[attr-defined]
     snug, loose = snug_and_loose(policy)
     assert snug > loose
 
@@ -317,7 +316,7 @@ def test_a_shape_down_to_a_millionth_of_a_pod_is_forgotten():
 
 
 def test_fixed_and_learning_copies_are_fresh_objects_of_the_same_class():
-    registered = policy_named("fgd-lookahead")
+    registered = POLICIES["fgd-lookahead"]()
     fixed = registered.with_workload(HALF_GPUS)  # type: ignore[attr-defined]
     assert type(fixed) is type(registered) and fixed is not registered and not fixed.learns
     fixed.observe(request(mem=4))
@@ -348,7 +347,7 @@ def test_what_our_policy_learns_online_changes_where_it_places():
     ids=["4GiB", "6GiB+30%", "1 GPU", "2 GPUs"],
 )
 def test_every_registered_policy_places_on_kubernetes_nodes(name, req):
-    policy = policy_named(name)
+    policy = POLICIES[name]()
     busy = node_state("4x16GiB", node="busy", mode="core_mem")
     place(busy, request(mem=10), policy, "a")
     place(busy, request(mem=6), policy, "b")

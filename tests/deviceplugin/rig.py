@@ -21,7 +21,7 @@ from gpushare.inventory import node_gpus, parse_layout
 from gpushare.objects import Pod
 from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.request import parse_pod_request
-from gpushare.testing.kubelet import KubeletStandIn
+from gpushare.standins.kubelet import KubeletStandIn
 from tests.builders import T0, pod
 
 WAIT = 5.0

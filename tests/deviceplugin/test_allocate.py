@@ -19,7 +19,7 @@ from gpushare.environment import (
     POD,
 )
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
-from gpushare.testing.kubelet import AdmissionFailed
+from gpushare.standins.kubelet import AdmissionFailed
 from tests.builders import container
 from tests.builders import pod as pod_spec
 from tests.deviceplugin.rig import WAIT, allocate, eventually, plugin_client

@@ -17,7 +17,7 @@ from gpushare.cluster.memory import MemoryCluster, gpu_node
 from gpushare.deviceplugin.main import build_parser, main, run
 from gpushare.inventory import parse_layout
 from gpushare.resources import GPU_COUNT, GPU_MEM
-from gpushare.testing.kubelet import KubeletStandIn
+from gpushare.standins.kubelet import KubeletStandIn
 from tests.deviceplugin.rig import WAIT, eventually
 
 FLAGS = (

@@ -15,7 +15,7 @@ from gpushare.inventory import node_gpus
 from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.request import parse_pod_request
 from gpushare.resources import GPU_COUNT, GPU_MEM
-from gpushare.testing.kubelet import KubeletStandIn
+from gpushare.standins.kubelet import KubeletStandIn
 from tests.builders import pod
 from tests.deviceplugin.rig import WAIT
 

@@ -9,6 +9,7 @@ from gpushare.errors import Refusal
 from gpushare.extender.cache import CacheCounts, GpuShape, SchedulerCache, interesting
 from gpushare.extender.inspect import cluster_report
 from gpushare.extender.pendingpod import PendingPod
+from gpushare.extender.policychoice import PolicyChoice
 from gpushare.inventory import NODE_GPUS_ANNOTATION, parse_layout
 from gpushare.labels import NodeMode
 from gpushare.objects import Node, PodStatus
@@ -213,7 +214,7 @@ def teach(cache: SchedulerCache, policy: str | None, pods: int = 40) -> None:
 
 def test_another_policy_learning_keeps_the_results_of_this_one():
     learning = learns_on_filter()
-    cache = SchedulerCache("binpack", policies={**POLICIES, learning.name: lambda: learning})
+    cache = SchedulerCache(PolicyChoice({**POLICIES, learning.name: lambda: learning}, "binpack"))
     cache.replace_nodes([node("n", "1x16GiB")])
     cache.replace_pods([])
     packed = cache.answers(asking("p", 10), ["n"])
@@ -232,7 +233,7 @@ def test_each_cache_teaches_policy_objects_of_its_own():
         return made[-1]
 
     registry = {**POLICIES, "fgd-lookahead": fresh}
-    first, second = (SchedulerCache("fgd-lookahead", policies=registry) for _ in range(2))
+    first, second = (SchedulerCache(PolicyChoice(registry, "fgd-lookahead")) for _ in range(2))
     for cache in (first, second):
         cache.replace_nodes([node("n", "1x16GiB")])
         cache.replace_pods([])
@@ -389,9 +390,9 @@ def test_the_watch_keeps_pods_asking_for_gpus_or_carrying_an_allocation_only():
 
 def test_a_default_policy_not_in_the_registry_is_refused_by_name():
     with pytest.raises(
-        ValueError, match=r"^default policy 'tetris' is not among the policies given$"
+        ValueError, match=r"^--default-placement 'tetris' is not a placement policy; known: "
     ):
-        SchedulerCache("tetris")
+        SchedulerCache(PolicyChoice(default="tetris"))
 
 
 def test_a_fresh_cache_takes_watch_events_before_any_listing():
@@ -620,7 +621,7 @@ class NeverPlaces(BinpackPolicy):
 def test_filter_teaches_each_pod_once_by_uid_and_answers_by_the_pods_policy():
     counting = Counting()
     registry = {**POLICIES, "counting": lambda: counting, "never": NeverPlaces}
-    cache = SchedulerCache("counting", policies=registry)
+    cache = SchedulerCache(PolicyChoice(registry, "counting"))
     cache.replace_nodes([node("n", "1x16GiB")])
     cache.replace_pods([])
     for uid in ("uid-1", "uid-1", "uid-2", "", ""):  # the same name, created again
@@ -651,7 +652,7 @@ def test_a_pod_whose_allocation_becomes_readable_has_no_problem_any_more():
 
 def test_the_policies_learn_again_of_a_pod_only_after_100000_newer_ones():
     counting = Counting()
-    cache = SchedulerCache("counting", policies={**POLICIES, "counting": lambda: counting})
+    cache = SchedulerCache(PolicyChoice({**POLICIES, "counting": lambda: counting}, "counting"))
     cache.replace_nodes([])
     cache.replace_pods([])
     for i in range(100_001):
@@ -705,7 +706,7 @@ def test_an_unreadable_node_told_again_unchanged_is_logged_once(caplog):
 
 def test_a_node_relabelled_away_from_a_policy_no_longer_teaches_it():
     counting = Counting()
-    cache = SchedulerCache(policies={**POLICIES, "counting": lambda: counting})
+    cache = SchedulerCache(PolicyChoice({**POLICIES, "counting": lambda: counting}))
     cache.replace_nodes([node("n", "1x16GiB", **{"ack.node.gpu.placement": "counting"})])
     cache.replace_pods([])
     cache.apply_node(
@@ -717,7 +718,7 @@ def test_a_node_relabelled_away_from_a_policy_no_longer_teaches_it():
 
 def test_a_policy_learns_while_any_node_still_names_it():
     counting = Counting()
-    cache = SchedulerCache(policies={**POLICIES, "counting": lambda: counting})
+    cache = SchedulerCache(PolicyChoice({**POLICIES, "counting": lambda: counting}))
     label = {"ack.node.gpu.placement": "counting"}
     cache.replace_nodes([node("a", "1x16GiB", **label), node("b", "1x16GiB", **label)])
     cache.replace_pods([])

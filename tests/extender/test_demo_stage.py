@@ -5,7 +5,7 @@ from gpushare.cli.demo.extender import ExtenderStage
 from gpushare.cli.main import main
 from gpushare.cluster.memory import MemoryCluster
 from gpushare.objects import Pod
-from gpushare.testing.scheduler import SchedulerStandIn
+from gpushare.standins.scheduler import SchedulerStandIn
 from tests.builders import node, pod
 
 

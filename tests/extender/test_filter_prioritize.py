@@ -7,7 +7,7 @@ import httpx
 
 from gpushare.cluster.memory import gpu_node
 from gpushare.errors import Rule
-from gpushare.extender.fittable import AnswerTable
+from gpushare.extender.answertable import AnswerTable
 from gpushare.inventory import parse_layout
 from tests.builders import node, pod
 from tests.extender.harness import PREFIX, allocation_of, pod_json
@@ -80,7 +80,7 @@ def test_the_multi_gpu_label_splits_memory_over_gpus_of_one_node(cluster, schedu
     assert "[too-few-gpus]" in answer["FailedAndUnresolvableNodes"]["one"]
     assert s.schedule(split) == "four"
     allocation = allocation_of(cluster, "default", "split")
-    assert allocation.containers[0].mem_per_gpu == (8, 8, 8)
+    assert [s.mem for s in allocation.containers[0].gpus] == [8, 8, 8]
     assert len(allocation.gpu_indices) == 3
 
 

@@ -8,7 +8,7 @@ GiB a node holds is one point."""
 
 import pytest
 
-from gpushare.extender.fittable import AnswerTable
+from gpushare.extender.answertable import AnswerTable
 from gpushare.placement.fit import Assignment, PlacementPolicy
 from gpushare.placement.policies import POLICIES
 from gpushare.request import PodRequest
@@ -46,7 +46,7 @@ def held(cluster, scheduler_for, policy):
     """Nodes of 1x16GiB holding 12, 11, 3, 2 and 16 GiB: a 1 GiB pod scores 53, 52,
     44 and 43 on the first four and does not fit on `full`. Beside them 140 spares,
     empty (41) but the last, which holds 10 GiB (51): with them a list is two blocks
-    of answers (`fittable._BLOCK`), and one node that changes is patched in, not
+    of answers (`answertable._BLOCK`), and one node that changes is patched in, not
     answered afresh with the others."""
     for name in ("best", "next", "low", "far", "full", *SPARES):
         cluster.add_node(node(name, "1x16GiB"))

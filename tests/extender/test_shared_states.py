@@ -7,9 +7,10 @@ import json
 import random
 
 from gpushare.allocation import PodAllocation
+from gpushare.extender.answertable import AnswerTable
 from gpushare.extender.cache import SchedulerCache
-from gpushare.extender.fittable import AnswerTable
 from gpushare.extender.pendingpod import PendingPod
+from gpushare.extender.policychoice import PolicyChoice
 from gpushare.placement.fit import Assignment, Placement, PlacementPolicy, relative_score
 from gpushare.placement.lookahead import LookaheadFgdPolicy
 from gpushare.placement.policies import POLICIES, PolicyFactory
@@ -59,7 +60,7 @@ def pending(name: str, shape: dict, uid: str | None = None) -> PendingPod:
 
 
 def cache_of(nodes: list[tuple[str, str, str]], policy: PlacementPolicy) -> SchedulerCache:
-    cache = SchedulerCache("fgd-lookahead", policies=registry_with(policy))
+    cache = SchedulerCache(PolicyChoice(registry_with(policy), "fgd-lookahead"))
     cache.replace_nodes([node(name, layout, mode=mode) for name, layout, mode in nodes])
     cache.replace_pods([])
     return cache

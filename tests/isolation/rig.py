@@ -13,7 +13,7 @@ from gpushare.isolation.clock import SimulatedClock
 from gpushare.isolation.control import ControlTree
 from gpushare.isolation.metrics import AgentMetrics
 from gpushare.labels import NodeMode
-from gpushare.testing.scenario import Node, Workload, place
+from gpushare.standins.scenario import Node, Workload, place
 
 NODE = "gpu-node-1"
 """The node name the rig's agent reports in its metrics."""

@@ -11,7 +11,7 @@ from gpushare.isolation.control import ControlTree
 from gpushare.isolation.memory import MemoryAction
 from gpushare.isolation.policy import Policy
 from gpushare.labels import NodeMode
-from gpushare.testing.scenario import Workload, place
+from gpushare.standins.scenario import Workload, place
 from tests.isolation.rig import NODE, SLICE, container_labels, rig
 
 

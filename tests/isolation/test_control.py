@@ -17,7 +17,7 @@ from gpushare.isolation.treecodec import (
     TreeContent,
     encode,
 )
-from gpushare.testing.scenario import Workload
+from gpushare.standins.scenario import Workload
 from tests.isolation.rig import NODE, SLICE, rig
 
 CID = "c" * 64

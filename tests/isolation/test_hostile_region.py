@@ -30,7 +30,7 @@ from gpushare.isolation.failclosed import MAX_BYTES
 from gpushare.isolation.interposer.region import REGION_BYTES, Refusal, Region
 from gpushare.isolation.memory import MIB
 from gpushare.labels import NodeMode
-from gpushare.testing.scenario import Workload
+from gpushare.standins.scenario import Workload
 from tests.isolation.regions import (
     gpu_field,
     header_field,
@@ -392,7 +392,7 @@ SIGBUS_SCENARIO = textwrap.dedent(
     from gpushare.isolation.backends.mock import MemoryStep
     from gpushare.isolation.backends.port import GIB
     from gpushare.labels import NodeMode
-    from gpushare.testing.scenario import Workload
+    from gpushare.standins.scenario import Workload
     from tests.isolation.regions import make_region, slot_holder
     from tests.isolation.rig import SLICE, rig
     from tests.isolation.test_pacing import region_of

@@ -20,7 +20,7 @@ from gpushare.isolation.backends.port import GIB
 from gpushare.isolation.interposer.region import Region, RegionError
 from gpushare.isolation.memory import MIB
 from gpushare.labels import NodeMode
-from gpushare.testing.scenario import Workload
+from gpushare.standins.scenario import Workload
 from tests.fakecuda import Container, fake_cuda_or_skip
 from tests.isolation.regions import gpu_field, poke
 from tests.isolation.rig import SLICE, Rig, container_labels, rig

@@ -11,7 +11,7 @@ from gpushare.isolation.backends.mock import MemoryStep
 from gpushare.isolation.backends.port import GIB
 from gpushare.isolation.control import ControlTree
 from gpushare.isolation.policy import Policy
-from gpushare.testing.scenario import Workload
+from gpushare.standins.scenario import Workload
 from tests.isolation.rig import rig
 from tests.isolation.test_control import CID, content
 

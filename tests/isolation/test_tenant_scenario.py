@@ -46,7 +46,7 @@ from gpushare.isolation.control import ControlTree
 from gpushare.isolation.interposer.build import build_library
 from gpushare.isolation.interposer.region import REGION_BYTES, Refusal, Region
 from gpushare.isolation.metrics import AgentMetrics
-from gpushare.testing.kubelet import AdmittedContainer
+from gpushare.standins.kubelet import AdmittedContainer
 from tests.deviceplugin.rig import Rig, eventually
 from tests.deviceplugin.test_interposer_injection import granted, installed, mounted
 from tests.fakecuda import GIB, MIB, Container, FakeCuda, fake_cuda_or_skip, parse_line
@@ -80,7 +80,7 @@ class Tenancy:
 
 
 class NvmlStandIn:
-    """The node's GPU as NVML lists it, for the agent (a GpuBackend): the real processes
+    """The node's GPU as NVML lists it, for the agent (a IsolationBackend): the real processes
     the test lists, by their pid (also their pid in the container: no pid namespace
     here), in their container, with their grant and the bytes the test says they hold.
     kill() kills them; hold() records what the agent froze."""

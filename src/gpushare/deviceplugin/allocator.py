@@ -30,7 +30,7 @@ from gpushare.deviceplugin.admission import (
 )
 from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpushare.deviceplugin.assignment import AssignmentWriter
-from gpushare.deviceplugin.backends.port import GpuBackend
+from gpushare.deviceplugin.backends.port import DeviceBackend
 from gpushare.deviceplugin.deadline import ANSWER_WITHIN_S, Deadline
 from gpushare.deviceplugin.devices import preferred_ids
 from gpushare.deviceplugin.interposer import Injection, InterposerMounts, grant_mounted
@@ -120,7 +120,7 @@ class Allocator:
         self,
         node: LocalNode,
         queue: AdmissionQueue,
-        backend: GpuBackend,
+        backend: DeviceBackend,
         assignments: AssignmentWriter,
         journal: GrantJournal,
         metrics: PluginMetrics,
@@ -292,7 +292,7 @@ def container_response(
     resource: str,
     waiting: WaitingContainer,
     snapshot: NodeSnapshot,
-    backend: GpuBackend,
+    backend: DeviceBackend,
     interposer: InterposerMounts | None = None,
 ) -> pb.ContainerAllocateResponse:
     """The answer for one container and one resource.

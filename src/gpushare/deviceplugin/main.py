@@ -21,7 +21,7 @@ from gpushare.cluster import Cluster
 from gpushare.commandline import add_version_flag, exit_status
 from gpushare.deviceplugin.backends.mock import MockBackend
 from gpushare.deviceplugin.backends.nvml import NvmlBackend
-from gpushare.deviceplugin.backends.port import GpuBackend
+from gpushare.deviceplugin.backends.port import DeviceBackend
 from gpushare.deviceplugin.deadline import ANSWER_WITHIN_S
 from gpushare.deviceplugin.metrics import PluginMetrics
 from gpushare.deviceplugin.plugin import (
@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def build_backend(args: argparse.Namespace) -> GpuBackend:
+def build_backend(args: argparse.Namespace) -> DeviceBackend:
     """Raises ValueError with a message naming the flag when it is unusable."""
     if args.backend == "mock":
         if not args.mock_gpus:
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> in
     return 0
 
 
-def _device_files(backend: GpuBackend) -> str:
+def _device_files(backend: DeviceBackend) -> str:
     """The dev root and the control device files seen there, for the start line; a
     warning when nvidiactl is not among them (every CUDA container needs it)."""
     if not isinstance(backend, NvmlBackend):

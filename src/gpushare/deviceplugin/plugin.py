@@ -26,7 +26,7 @@ from gpushare.cluster import Cluster, EventType
 from gpushare.deviceplugin.admission import AdmissionQueue
 from gpushare.deviceplugin.allocator import Allocator
 from gpushare.deviceplugin.assignment import AssignmentWriter
-from gpushare.deviceplugin.backends.port import GpuBackend, HealthChange
+from gpushare.deviceplugin.backends.port import DeviceBackend, HealthChange
 from gpushare.deviceplugin.deadline import ANSWER_WITHIN_S
 from gpushare.deviceplugin.feed import DeviceFeed
 from gpushare.deviceplugin.interposer import InterposerMounts
@@ -77,7 +77,7 @@ class DevicePlugin:
     def __init__(
         self,
         config: PluginConfig,
-        backend: GpuBackend,
+        backend: DeviceBackend,
         cluster: Cluster,
         metrics: PluginMetrics | None = None,
     ) -> None:

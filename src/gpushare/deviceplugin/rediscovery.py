@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Final
 
-from gpushare.deviceplugin.backends.port import GpuBackend, PhysicalGpu
+from gpushare.deviceplugin.backends.port import DeviceBackend, PhysicalGpu
 from gpushare.inventory import Gpu
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class Rediscovery:
 
     def __init__(
         self,
-        backend: GpuBackend,
+        backend: DeviceBackend,
         apply: Callable[[GpuUpdate], object],
         held: Callable[[], Collection[int]],
         interval: float = REDISCOVER_INTERVAL,

@@ -91,7 +91,7 @@ class Extender:
     def validate(self, body: bytes) -> bytes:
         review = parse(AdmissionReview, body)
         answer = webhook.validate(
-            review, self.scheduler_names, self.cache.policy_names, self.cache.gpu_shapes()
+            review, self.scheduler_names, self.cache.choice, self.cache.gpu_shapes()
         )
         allowed = str(answer["response"]["allowed"]).lower()
         self.metrics.admission.labels(Webhook.VALIDATE, allowed).inc()

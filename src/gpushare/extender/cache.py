@@ -37,21 +37,20 @@ from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster import EventType
 from gpushare.errors import AnnotationError, Refusal, Rule
+from gpushare.extender.answertable import ANONYMOUS, Answers, AnswerTable, NodeFit, State
 from gpushare.extender.damaged import DamagedRecords
-from gpushare.extender.fittable import ANONYMOUS, Answers, AnswerTable, NodeFit, State
 from gpushare.extender.nodedetails import ClusterDetails, NodeDetails, node_details
 from gpushare.extender.pendingpod import PendingPod, pending_pod
-from gpushare.extender.policychoice import node_policy
+from gpushare.extender.policychoice import PolicyChoice
 from gpushare.extender.waiting import RefusedPods, UnservedPods
-from gpushare.fitcache import FitCache
 from gpushare.inventory import adds_room, node_gpus
 from gpushare.labels import NodeMode
 from gpushare.objects import Node, Pod
 from gpushare.placement.fit import Placement, PlacementPolicy, evaluate, to_allocation
-from gpushare.placement.policies import DEFAULT_PLACEMENT, POLICIES, PolicyFactory, build
 from gpushare.placement.preemption import choose_victims
 from gpushare.request import PodRequest, requests_gpu
 from gpushare.resources import DEFAULT_MAX_PODS_PER_GPU, MANAGED_RESOURCES, parse_quantity
+from gpushare.shapecache import ShapeCache
 from gpushare.state import ClusterState, NodeView, Snapshot
 
 log = logging.getLogger(__name__)
@@ -113,20 +112,16 @@ def interesting(pod: Pod) -> bool:
 class SchedulerCache:
     def __init__(
         self,
-        default_policy: str = DEFAULT_PLACEMENT,
+        choice: PolicyChoice | None = None,
         max_pods_per_gpu: int = DEFAULT_MAX_PODS_PER_GPU,
         assume_ttl_s: float = ASSUME_TTL_S,
         clock: Callable[[], float] = time.monotonic,
         served_schedulers: Sequence[str] | None = None,
-        policies: Mapping[str, PolicyFactory] = POLICIES,
     ) -> None:
         self._lock = threading.RLock()
-        self._policy_objects = build(policies)
-        self.policy_names = frozenset(self._policy_objects)
-        """The names pods and nodes may choose a policy by."""
-        if default_policy not in self.policy_names:
-            raise ValueError(f"default policy {default_policy!r} is not among the policies given")
-        self.default_policy = default_policy
+        self.choice = PolicyChoice() if choice is None else choice
+        self._policy_objects = self.choice.build()
+        self.default_policy = self.choice.default
         self.max_pods_per_gpu = max_pods_per_gpu
         self.assume_ttl_s = assume_ttl_s
         self._clock = clock
@@ -140,7 +135,7 @@ class SchedulerCache:
         self._pod_problems: dict[str, str] = {}
         self._assumed: dict[str, _Assumed] = {}
         self._policy_use: Counter[str] = Counter()
-        self._fits: FitCache[AnswerTable] = FitCache(AnswerTable, _FIT_TABLES)
+        self._fits: ShapeCache[AnswerTable] = ShapeCache(AnswerTable, _FIT_TABLES)
         self._state_numbers: dict[tuple[Any, ...], int] = {}
         """Each distinct node state (its view's fields but the name) by number."""
         self._node_states: dict[str, tuple[NodeView, int]] = {}
@@ -324,7 +319,7 @@ class SchedulerCache:
         its request, the policy it names among this cache's, its priority; None when it
         asks for none of our resources. Raises PodRefused when it breaks a rule. Reads
         no state, so it takes no lock."""
-        return pending_pod(pod, self.policy_names)
+        return pending_pod(pod, self.choice)
 
     def filter(self, pod: PendingPod, names: list[str]) -> Answers:
         """Filter's answers for the pod, its policies taught about it first; while it
@@ -605,7 +600,7 @@ class SchedulerCache:
     def _put_node(self, node: Node) -> bool:
         """Takes the node's labels and GPUs; False when nothing placement reads changed."""
         name = node.name
-        policy = node_policy(node.metadata.labels, self.default_policy, self.policy_names)
+        policy = self.choice.of_node(node.metadata.labels)
         try:
             inventory = node_gpus(node, self.max_pods_per_gpu)
             problem = None
@@ -705,7 +700,7 @@ class SchedulerCache:
 
 
 class _Evaluation:
-    """The answers a table has none of, for one request (fittable.Evaluation); called
+    """The answers a table has none of, for one request (answertable.Evaluation); called
     with the cache's lock held."""
 
     def __init__(self, cache: SchedulerCache, request: PodRequest, pod_policy: str | None):

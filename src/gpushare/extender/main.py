@@ -30,7 +30,7 @@ from gpushare.commandline import (
     exit_status,
     read_text,
 )
-from gpushare.extender.policychoice import validate_default
+from gpushare.extender.policychoice import PolicyChoice
 from gpushare.extender.schedulernames import DEFAULT_SCHEDULER
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import API_CONNECTIONS, ExtenderConfig, ExtenderService
@@ -159,7 +159,7 @@ def config_from(args: argparse.Namespace) -> ExtenderConfig:
         tls_key_file=args.tls_key_file,
         scheduler_name=args.scheduler_name,
         extra_scheduler_names=extra_names,
-        default_placement=validate_default(args.default_placement, POLICIES),
+        default_placement=PolicyChoice(POLICIES, args.default_placement).default,
         max_pods_per_gpu=args.max_pods_per_gpu,
     )
 

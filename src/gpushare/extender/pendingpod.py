@@ -3,10 +3,9 @@ to the cache: read from the pod once per call (its request, the policy it names,
 its priority), so the verbs pass one value instead of taking it apart themselves.
 """
 
-from collections.abc import Collection
 from dataclasses import dataclass
 
-from gpushare.extender.policychoice import pod_policy
+from gpushare.extender.policychoice import PolicyChoice
 from gpushare.objects import Pod
 from gpushare.request import PodRequest, parse_pod_request
 
@@ -23,12 +22,12 @@ class PendingPod:
     """spec.priority (nil counts as 0, as in kube-scheduler): whom preemption may evict."""
 
 
-def pending_pod(pod: Pod, policies: Collection[str]) -> PendingPod | None:
+def pending_pod(pod: Pod, policies: PolicyChoice) -> PendingPod | None:
     """The pod as placement sees it; None when it asks for none of our resources.
-    `policies`: the names it may choose a policy by. Raises PodRefused when the pod
+    `policies`: what it may choose a policy among. Raises PodRefused when the pod
     breaks a rule of the resource model."""
     request = parse_pod_request(pod)
     if request is None:
         return None
-    policy = pod_policy(pod.metadata.annotations, policies)
+    policy = policies.of_pod(pod.metadata.annotations)
     return PendingPod(pod.key, pod.metadata.uid, request, policy, pod.spec.priority or 0)

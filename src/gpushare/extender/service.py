@@ -24,7 +24,7 @@ from gpushare.extender.damaged import DamagedRecordReporter
 from gpushare.extender.eventqueue import PodEventQueue
 from gpushare.extender.limits import DEFAULT_READ_LIMITS, ReadLimits
 from gpushare.extender.metrics import ExtenderMetrics
-from gpushare.extender.policychoice import validate_default
+from gpushare.extender.policychoice import PolicyChoice
 from gpushare.extender.requeue import Requeuer
 from gpushare.extender.unserved import UnservedReporter
 from gpushare.extender.version import VERSION
@@ -104,10 +104,9 @@ class ExtenderService:
         self.config = config
         self.cluster = cluster
         self.cache = SchedulerCache(
-            validate_default(config.default_placement, policies),
+            PolicyChoice(policies, config.default_placement),
             config.max_pods_per_gpu,
             served_schedulers=config.scheduler_names,
-            policies=policies,
         )
         self.metrics = ExtenderMetrics(self.cache)
         self.events = PodEventQueue(cluster, self.metrics.events_dropped)

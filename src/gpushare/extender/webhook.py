@@ -13,14 +13,14 @@ spec.schedulerName).
 
 import base64
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
 from gpushare.errors import PodRefused, Refusal, Rule
 from gpushare.extender.cache import GpuShape
-from gpushare.extender.policychoice import check_pod_policy
+from gpushare.extender.policychoice import PolicyChoice
 from gpushare.extender.schedulernames import DEFAULT_SCHEDULER, unserved_scheduler, unserved_warning
 from gpushare.extender.wire import AdmissionReview, WireError, describe
 from gpushare.labels import LABEL_SCHEDULE, NodeMode
@@ -31,11 +31,11 @@ from gpushare.request import PodRequest, parse_pod_request, requests_gpu
 def validate(
     review: AdmissionReview,
     served: Sequence[str],
-    policies: Collection[str],
+    policies: PolicyChoice,
     shapes: Mapping[NodeMode, GpuShape] | None = None,
 ) -> dict[str, Any]:
-    """`served`: every schedulerName our scheduler serves; `policies`: the names of
-    the placement policies the extender knows; `shapes`: what the nodes of each mode
+    """`served`: every schedulerName our scheduler serves; `policies`: the placement
+    policies the extender knows; `shapes`: what the nodes of each mode
     offer at most (None while the extender has not listed them: nothing is refused or
     warned about for want of a node then)."""
     pod = _pod(review)
@@ -51,7 +51,7 @@ def validate(
         request = None
     if request is not None and shapes is not None:
         refusals.extend(_beyond_every_node(request, shapes, warnings))
-    policy = check_pod_policy(pod.metadata.annotations, policies)
+    policy = policies.refusal(pod.metadata.annotations)
     if policy is not None:
         refusals.append(policy)
     extra: dict[str, Any] = {"warnings": warnings} if warnings else {}

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Final
 
 from gpushare.isolation import slicer
-from gpushare.isolation.backends.port import GpuBackend
+from gpushare.isolation.backends.port import IsolationBackend
 from gpushare.isolation.clock import Clock
 from gpushare.isolation.control import ControlTree
 from gpushare.isolation.failclosed import FailedClosedBook
@@ -87,7 +87,7 @@ class IsolationAgent:
 
     def __init__(
         self,
-        backend: GpuBackend,
+        backend: IsolationBackend,
         tree: ControlTree,
         clock: Clock,
         config: AgentConfig,

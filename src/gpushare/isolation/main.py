@@ -31,7 +31,7 @@ from gpushare.inventory import parse_layout
 from gpushare.isolation.agent import AgentConfig, IsolationAgent
 from gpushare.isolation.backends.mock import MockBackend, discovered_containers, mock_devices
 from gpushare.isolation.backends.nvml import NvmlBackend
-from gpushare.isolation.backends.port import GpuBackend
+from gpushare.isolation.backends.port import IsolationBackend
 from gpushare.isolation.backends.procfs import ProcessTable
 from gpushare.isolation.clock import Clock, SystemClock
 from gpushare.isolation.control import ControlTree
@@ -186,7 +186,7 @@ def install_interposer(directory: Path | None) -> str:
     return str(directory)
 
 
-def build_backend(args: argparse.Namespace, clock: Clock) -> GpuBackend:
+def build_backend(args: argparse.Namespace, clock: Clock) -> IsolationBackend:
     """The backend the flags ask for; UsageError naming a flag that cannot work,
     RuntimeError saying what to fix when the GPUs cannot be read."""
     if args.backend == "mock":
@@ -222,7 +222,7 @@ def check_directories(args: argparse.Namespace) -> None:
         raise InputFileError("--control-dir", control, "exists and is not a directory")
 
 
-def summary(args: argparse.Namespace, config: AgentConfig, backend: GpuBackend) -> str:
+def summary(args: argparse.Namespace, config: AgentConfig, backend: IsolationBackend) -> str:
     devices = backend.devices()
     gpus = ",".join(f"{d.index}:{d.mem_gib}GiB" for d in devices) or "none"
     policy = "auto" if config.default_policy is None else str(int(config.default_policy))

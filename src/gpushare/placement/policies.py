@@ -75,14 +75,3 @@ but one) and costs about what binpack costs per pod (docs/placement.md)."""
 def build(registry: Mapping[str, PolicyFactory] = POLICIES) -> dict[str, PlacementPolicy]:
     """A fresh object of every policy of the registry, by name."""
     return {name: factory() for name, factory in registry.items()}
-
-
-def policy_named(name: str, registry: Mapping[str, PolicyFactory] = POLICIES) -> PlacementPolicy:
-    """A fresh object of the policy of that name."""
-    try:
-        factory = registry[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown placement policy {name!r}; known: {', '.join(registry)}"
-        ) from None
-    return factory()

@@ -2,7 +2,7 @@
 
 Every node is evaluated with the core's `evaluate` and the policy under test, as
 the extender evaluates the nodes kube-scheduler sends it. Which nodes need it
-again is the core's FitCache's to say, as in the extender: per request shape a
+again is the core's ShapeCache's to say, as in the extender: per request shape a
 table of each node's placement, forgotten when the node changes and thrown away
 whole when the policy bumps its epoch (it learned something). Beside the table,
 a heap of (score, rank) over the nodes that fit picks the best. Nodes only ever
@@ -14,16 +14,16 @@ import heapq
 from collections.abc import Hashable, Sequence
 
 from gpushare.errors import Refusal
-from gpushare.fitcache import FitCache, FitTable
 from gpushare.placement.fit import Placement, PlacementPolicy, evaluate
 from gpushare.request import PodRequest
+from gpushare.shapecache import ShapeCache, ShapeTable
 from gpushare.state import NodeState
 
 _Entry = tuple[float, int, int, int, Placement]
 """(-score, rank, node state version, node, placement): heap order is best first."""
 
 
-class _ShapeTable(FitTable[int, Placement]):
+class _ShapeTable(ShapeTable[int, Placement]):
     """The placements of one shape on the nodes that take it, best first in `heap`."""
 
     def __init__(self, position: int, epochs: Hashable) -> None:
@@ -42,7 +42,7 @@ class Scheduler:
         self._states = states
         self._rank = rank
         self._policy = policy
-        self._fits: FitCache[_ShapeTable] = FitCache(_ShapeTable)
+        self._fits: ShapeCache[_ShapeTable] = ShapeCache(_ShapeTable)
         self._unfit: dict[tuple[object, ...], set[int]] = {}
         """Per shape, the nodes that cannot take it (in any epoch: fit is the policy's
         to order, not to decide)."""

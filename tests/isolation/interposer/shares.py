@@ -23,7 +23,7 @@ from gpushare.isolation.control import ControlTree
 from gpushare.isolation.interposer.region import Region
 from gpushare.isolation.policy import Policy
 from gpushare.labels import NodeMode
-from gpushare.testing.scenario import Node, Workload, place
+from gpushare.standins.scenario import Node, Workload, place
 from tests.fakecuda import Container, FakeCuda, parse_line
 
 KERNEL_US: Final = 200

@@ -14,7 +14,7 @@ from gpushare.deviceplugin.backends.mock import MockBackend
 from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpushare.environment import CGPU_DISABLE, CORE_PERCENTAGE, NVIDIA_VISIBLE_DEVICES
 from gpushare.objects import Pod
-from gpushare.testing.kubelet import KubeletStandIn
+from gpushare.standins.kubelet import KubeletStandIn
 
 READY_TIMEOUT: Final = 10.0
 SHOWN_PREFIXES: Final = ("ALIYUN_COM_GPU_", NVIDIA_VISIBLE_DEVICES, CGPU_DISABLE, CORE_PERCENTAGE)

@@ -19,7 +19,7 @@ from gpushare.extender.service import ExtenderConfig, ExtenderService
 from gpushare.objects import Pod
 from gpushare.request import parse_pod_request
 from gpushare.resources import SCHEDULER_NAME
-from gpushare.testing.scheduler import Outcome, SchedulerStandIn
+from gpushare.standins.scheduler import Outcome, SchedulerStandIn
 
 LARGE_MODELS = tuple(
     Pod.model_validate(

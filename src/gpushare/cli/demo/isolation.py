@@ -22,8 +22,8 @@ from gpushare.isolation.backends.port import GIB
 from gpushare.isolation.clock import SimulatedClock
 from gpushare.isolation.control import ControlTree
 from gpushare.labels import NodeMode
+from gpushare.standins.scenario import Node, Workload, place
 from gpushare.table import render
-from gpushare.testing.scenario import Node, Workload, place
 
 NODE: Final = "gpu-node-1"
 LAYOUT: Final = "2x16GiB:Tesla-T4"

@@ -37,7 +37,7 @@ class HealthChange:
 HealthListener = Callable[[HealthChange], None]
 
 
-class GpuBackend(Protocol):
+class DeviceBackend(Protocol):
     name: str
 
     def discover(self) -> tuple[PhysicalGpu, ...]:

@@ -136,7 +136,7 @@ class _State:
 
 
 class MockBackend:
-    """Implements `GpuBackend` on simulated GPUs, driven by the agent's clock."""
+    """Implements `IsolationBackend` on simulated GPUs, driven by the agent's clock."""
 
     name = "mock"
 

@@ -70,7 +70,7 @@ class _Member:
 
 
 class NvmlBackend:
-    """Implements `GpuBackend` on the node's NVIDIA GPUs. nvml: pynvml
+    """Implements `IsolationBackend` on the node's NVIDIA GPUs. nvml: pynvml
     (gpushare.nvmllib.bindings()); NVML starts here and shuts down at close. Raises
     NvmlUnavailable saying what to do when NVML cannot list the GPUs."""
 

@@ -65,7 +65,7 @@ class Observation:
     processes: tuple[GpuProcess, ...]
 
 
-class GpuBackend(Protocol):
+class IsolationBackend(Protocol):
     name: str
 
     def devices(self) -> tuple[GpuDevice, ...]: ...

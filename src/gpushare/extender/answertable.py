@@ -6,7 +6,7 @@ until that node changes, together with the JSON fragments filter and
 prioritize answer with. An answer for 5,000 nodes is then one dict lookup per
 node plus a few C-level passes (map, filter, join) over the looked-up entries,
 instead of Python code per node: at that size memory traffic, not arithmetic,
-is what costs. The entries live in the core's FitCache tables (gpushare.fitcache),
+is what costs. The entries live in the core's ShapeCache tables (gpushare.shapecache),
 which forget a node's entry when it changes.
 
 Prioritize's Scores are relative to the best candidate's (`relative_score`), so a
@@ -29,8 +29,8 @@ import orjson
 
 from gpushare.errors import Refusal
 from gpushare.extender.wire import for_scheduler
-from gpushare.fitcache import FitTable
 from gpushare.placement.fit import Placement, relative_score
+from gpushare.shapecache import ShapeTable
 from gpushare.state import NodeView
 
 
@@ -392,7 +392,7 @@ class _Answer(NamedTuple):
         return (None, refusal.rule.value, None, reason, priority, None, None)
 
 
-class AnswerTable(FitTable[str, _Entry]):
+class AnswerTable(ShapeTable[str, _Entry]):
     """One request shape's entries per node, and the candidate lists last answered."""
 
     def __init__(self, position: int, epochs: Hashable) -> None:

@@ -6,7 +6,7 @@ import random
 from itertools import pairwise
 
 from gpushare.errors import Refusal, Rule
-from gpushare.extender.fittable import ANONYMOUS, Answers, NodeFit, _Answer, _ScoreBook
+from gpushare.extender.answertable import ANONYMOUS, Answers, NodeFit, _Answer, _ScoreBook
 from gpushare.placement.fit import Assignment, Placement, relative_score
 
 RULES = [Rule.INSUFFICIENT_MEMORY, Rule.NODE_NOT_SHARED, Rule.PODS_PER_GPU]

@@ -3,21 +3,21 @@ that node changes, and a table made under other policy knowledge is not reused."
 
 import pytest
 
-from gpushare.fitcache import FitCache, FitTable
 from gpushare.placement.fit import Placement, PlacementPolicy, evaluate, to_allocation
-from gpushare.placement.policies import POLICIES, BinpackPolicy, build, policy_named
+from gpushare.placement.policies import POLICIES, BinpackPolicy, build
+from gpushare.shapecache import ShapeCache, ShapeTable
 from gpushare.state import NodeState
 from tests.builders import T0, node_state, request
 
-Table = FitTable[str, object]
+Table = ShapeTable[str, object]
 
 
-def results(cache: FitCache[Table], key: str, epochs: int = 0) -> dict[str, object]:
+def results(cache: ShapeCache[Table], key: str, epochs: int = 0) -> dict[str, object]:
     return cache.table(key, epochs).results
 
 
 def test_a_result_is_kept_until_its_node_changes():
-    cache: FitCache[Table] = FitCache(FitTable)
+    cache: ShapeCache[Table] = ShapeCache(ShapeTable)
     table = cache.table("4GiB", 0)
     table.results.update(a="fits", b="fits")
     assert cache.table("4GiB", 0) is table and not table.stale
@@ -29,7 +29,7 @@ def test_a_result_is_kept_until_its_node_changes():
 
 
 def test_every_table_catches_up_with_the_same_change():
-    cache: FitCache[Table] = FitCache(FitTable)
+    cache: ShapeCache[Table] = ShapeCache(ShapeTable)
     for key in ("4GiB", "8GiB"):
         cache.table(key, 0).results["a"] = key
     cache.changed("a")
@@ -37,7 +37,7 @@ def test_every_table_catches_up_with_the_same_change():
 
 
 def test_a_table_made_after_changes_keeps_the_results_it_got_since():
-    cache: FitCache[Table] = FitCache(FitTable)
+    cache: ShapeCache[Table] = ShapeCache(ShapeTable)
     cache.changed("a")
     table = cache.table("4GiB", 0)
     table.results["a"] = "fits"
@@ -45,7 +45,7 @@ def test_a_table_made_after_changes_keeps_the_results_it_got_since():
 
 
 def test_other_epochs_make_a_new_table():
-    cache: FitCache[Table] = FitCache(FitTable)
+    cache: ShapeCache[Table] = ShapeCache(ShapeTable)
     old = cache.table("4GiB", (("fgd", 0),))
     old.results["a"] = "scored under the old workload"
     new = cache.table("4GiB", (("fgd", 1),))
@@ -53,7 +53,7 @@ def test_other_epochs_make_a_new_table():
 
 
 def test_only_the_most_recently_used_tables_are_kept():
-    cache: FitCache[Table] = FitCache(FitTable, limit=2)
+    cache: ShapeCache[Table] = ShapeCache(ShapeTable, limit=2)
     first = cache.table("a", 0)
     cache.table("b", 0).results["n"] = "fits"
     assert cache.table("a", 0) is first  # now the most recent
@@ -63,7 +63,7 @@ def test_only_the_most_recently_used_tables_are_kept():
 
 
 def test_a_full_log_brings_every_table_up_to_date_and_starts_again():
-    cache: FitCache[Table] = FitCache(FitTable, log_limit=3)
+    cache: ShapeCache[Table] = ShapeCache(ShapeTable, log_limit=3)
     table = cache.table("4GiB", 0)
     table.results.update(a=1, b=2, c=3, d=4)
     for node in ("a", "b", "c", "d"):
@@ -75,7 +75,7 @@ def test_a_full_log_brings_every_table_up_to_date_and_starts_again():
 
 
 def test_a_cleared_cache_has_no_tables():
-    cache: FitCache[Table] = FitCache(FitTable)
+    cache: ShapeCache[Table] = ShapeCache(ShapeTable)
     cache.table("4GiB", 0).results["a"] = 1
     cache.clear()
     assert results(cache, "4GiB") == {}
@@ -91,14 +91,14 @@ def test_evaluations_are_reused_until_the_node_changes():
             calls.append(view.name)
             return super().place(view, req)
 
-    def fit(cache: FitCache[Table], state: NodeState, policy: PlacementPolicy, req) -> object:
+    def fit(cache: ShapeCache[Table], state: NodeState, policy: PlacementPolicy, req) -> object:
         table = cache.table(req.shape, policy.epoch)
         if state.name not in table.results:
             table.results[state.name] = evaluate(state.view(), req, policy)
         return table.results[state.name]
 
     policy = Counting()
-    cache: FitCache[Table] = FitCache(FitTable)
+    cache: ShapeCache[Table] = ShapeCache(ShapeTable)
     state = node_state("2x16GiB")
     first = fit(cache, state, policy, request(mem=4))
     assert fit(cache, state, policy, request(name="other", mem=4)) is first  # same shape
@@ -115,9 +115,9 @@ def test_the_registry_makes_fresh_policies_for_each_user():
     ours, theirs = build(), build()
     assert set(ours) == set(POLICIES)
     assert all(ours[name] is not theirs[name] for name in POLICIES)
-    learning = policy_named("fgd-lookahead")
+    learning = POLICIES["fgd-lookahead"]()
     while learning.epoch == 0:
         learning.observe(request(mem=4))
-    assert policy_named("fgd-lookahead").epoch == 0  # learned state stays with its user
+    assert POLICIES["fgd-lookahead"]().epoch == 0  # learned state stays with its user
     with pytest.raises(TypeError):
         POLICIES["mine"] = BinpackPolicy  # type: ignore[index]

@@ -25,7 +25,7 @@ LOG_LIMIT = 50_000
 """Changes logged before every table catches up and the log starts again."""
 
 
-class FitTable(Generic[Node, Result]):
+class ShapeTable(Generic[Node, Result]):
     """One key's results per node. Owners may subclass it to keep what they build
     on the results beside them (the extender its recent answers, the simulator
     its heap); results are never None."""
@@ -51,10 +51,10 @@ class FitTable(Generic[Node, Result]):
         return False
 
 
-Table = TypeVar("Table", bound=FitTable[Any, Any])
+Table = TypeVar("Table", bound=ShapeTable[Any, Any])
 
 
-class FitCache(Generic[Table]):
+class ShapeCache(Generic[Table]):
     """Tables by key, the `limit` most recently used (None: all), and the log of
     the nodes that changed."""
 

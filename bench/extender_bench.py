@@ -183,7 +183,7 @@ class Causes:
         self.gc = Collections()
 
     def epochs(self) -> tuple[int, ...]:
-        return tuple(p.epoch for p in self.bench.extender.cache._policy_objects.values())
+        return self.bench.extender.cache.policy_epochs()
 
     def new_list(self, body: bytes) -> bool:
         """Neither the bytes nor the set of names of a list the reader remembers."""

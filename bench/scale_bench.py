@@ -39,7 +39,7 @@ from typing import Any
 
 from gpushare import annotation
 from gpushare.cluster.memory import MemoryCluster, MemoryWatch, gpu_node
-from gpushare.extender.cache import interesting
+from gpushare.extender.mirror import interesting
 from gpushare.extender.service import ExtenderConfig, ExtenderService
 from gpushare.inventory import NodeGpus, node_gpus, parse_layout
 from gpushare.labels import NodeMode

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 COMPONENTS = (
     "cli", "commandline", "deviceplugin", "extender", "isolation",
-    "kubecluster", "nodeflags", "nvmllib", "simulator", "testing",
+    "kubecluster", "nodeflags", "nvmllib", "simulator", "standins",
 )  # fmt: skip
 
 

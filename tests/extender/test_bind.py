@@ -36,7 +36,9 @@ def test_binding_again_to_the_same_node_is_success_and_changes_nothing(cluster, 
     first = cluster.get_pod("default", "p")
     assert s.bind(p, "n") == ""
     assert cluster.get_pod("default", "p").metadata.annotations == first.metadata.annotations
-    wait_until(lambda: not s.service.cache.assumed_keys(), what="the watch to confirm the bind")
+    wait_until(
+        lambda: not list(s.service.cache.details().assumed), what="the watch to confirm the bind"
+    )
     assert s.service.cache.snapshot().gpus["n"][0][0] == 4  # counted once
 
 
@@ -90,7 +92,7 @@ def test_a_failed_binding_leaves_no_annotation_and_no_reservation():
         p = s.submit(pod("p", mem=8))
         error = s.bind(p, "n")
         assert "HTTP 503" in error
-        assert not s.service.cache.assumed_keys()
+        assert not list(s.service.cache.details().assumed)
         assert s.service.cache.snapshot().gpus["n"][0][0] == 0
         after = failing.get_pod("default", "p")
         assert after.spec.node_name is None
@@ -158,7 +160,9 @@ def test_a_thousand_binds_from_eight_threads_never_over_allocate(cluster, schedu
     assert annotated == set(bound)
     assert len(bound) > 30  # the cluster did fill up
     assert sum(mem for mem, _ in used.values()) > 0.8 * sum(capacity.values())
-    wait_until(lambda: not s.service.cache.assumed_keys(), what="every bind seen by the watch")
+    wait_until(
+        lambda: not list(s.service.cache.details().assumed), what="every bind seen by the watch"
+    )
     rebuilt, problems = ClusterState.rebuild(cluster.list_nodes().items, cluster.list_pods().items)
     assert not problems
     assert s.service.cache.snapshot() == rebuilt.snapshot()
@@ -172,7 +176,9 @@ def test_an_extender_restarted_mid_stream_rebuilds_the_same_state(cluster):
     first = Scheduler(cluster)
     for p in stream[:25]:
         first.schedule(p)
-    wait_until(lambda: not first.service.cache.assumed_keys(), what="the first extender to settle")
+    wait_until(
+        lambda: not list(first.service.cache.details().assumed), what="the first extender to settle"
+    )
     before = first.service.cache.snapshot()
     first.close()
 
@@ -181,7 +187,9 @@ def test_an_extender_restarted_mid_stream_rebuilds_the_same_state(cluster):
         assert second.service.cache.snapshot() == before
         for p in stream[25:]:
             second.schedule(p)
-        wait_until(lambda: not second.service.cache.assumed_keys(), what="the second to settle")
+        wait_until(
+            lambda: not list(second.service.cache.details().assumed), what="the second to settle"
+        )
         rebuilt, _ = ClusterState.rebuild(cluster.list_nodes().items, cluster.list_pods().items)
         assert second.service.cache.snapshot() == rebuilt.snapshot()
         for _, gpus in rebuilt.snapshot().gpus.items():
@@ -225,7 +233,9 @@ def test_an_extender_stopped_while_binds_are_in_flight_leaves_a_consistent_clust
                 second.schedule(p)
         used = _recount(cluster)
         assert all(mem <= 16 and count <= 20 for mem, count in used.values())
-        wait_until(lambda: not second.service.cache.assumed_keys(), what="the second to settle")
+        wait_until(
+            lambda: not list(second.service.cache.details().assumed), what="the second to settle"
+        )
         rebuilt, _ = ClusterState.rebuild(cluster.list_nodes().items, cluster.list_pods().items)
         assert second.service.cache.snapshot() == rebuilt.snapshot()
     finally:
@@ -265,7 +275,9 @@ def test_an_unanswered_bind_keeps_its_reservation_until_the_pod_is_bound_again()
         cluster.outage = True
         error = s.bind(p, "n")
         assert "timed out" in error
-        assert "default/p" in s.service.cache.assumed_keys()  # it may have been bound after all
+        assert "default/p" in list(
+            s.service.cache.details().assumed
+        )  # it may have been bound after all
         assert "[insufficient-gpu-memory]" in s.bind(other, "n")
         assert s.bind(p, "n") == ""  # the scheduler retries; our own reservation is no bar
         assert cluster.get_pod("default", "p").spec.node_name == "n"
@@ -346,7 +358,7 @@ def test_a_pod_made_again_after_filter_is_not_bound_on_the_old_ones_behalf(clust
     error = s.bind(old, "n")
     assert "created again" in error or "UID in precondition" in error
     assert cluster.get_pod("default", "p").spec.node_name is None
-    assert not s.service.cache.assumed_keys()
+    assert not list(s.service.cache.details().assumed)
 
 
 def test_a_pod_bound_elsewhere_after_filter_is_not_bound_twice(cluster, scheduler_for):
@@ -369,4 +381,4 @@ def test_a_pod_being_deleted_after_filter_is_not_bound(cluster, scheduler_for):
     cluster.begin_pod_deletion("default", "p")
     assert "being deleted" in s.bind(p, "n")
     assert cluster.get_pod("default", "p").spec.node_name is None
-    assert not s.service.cache.assumed_keys()
+    assert not list(s.service.cache.details().assumed)

@@ -6,8 +6,9 @@ from gpushare import annotation
 from gpushare.allocation import PodAllocation
 from gpushare.cluster import EventType
 from gpushare.errors import Refusal
-from gpushare.extender.cache import CacheCounts, GpuShape, SchedulerCache, interesting
+from gpushare.extender.cache import CacheCounts, SchedulerCache
 from gpushare.extender.inspect import cluster_report
+from gpushare.extender.mirror import GpuShape, interesting
 from gpushare.extender.pendingpod import PendingPod
 from gpushare.extender.policychoice import PolicyChoice
 from gpushare.inventory import NODE_GPUS_ANNOTATION, parse_layout
@@ -78,7 +79,7 @@ def test_the_watch_showing_the_bind_replaces_the_reservation():
     allocation = assume(cache, "p", 10)
     bound = pod("p", mem=10, node="n", annotations=annotation.encode(allocation))
     cache.apply_pod(EventType.MODIFIED, bound)
-    assert not cache.assumed_keys()
+    assert not list(cache.details().assumed)
     assert used(cache) == 10 and cache.snapshot().pods == {"default/p": allocation}
 
 
@@ -86,7 +87,7 @@ def test_a_deleted_pod_frees_its_reservation():
     cache = started()
     assume(cache, "p", 10)
     cache.apply_pod(EventType.DELETED, pod("p", mem=10))
-    assert not cache.assumed_keys() and used(cache) == 0
+    assert not list(cache.details().assumed) and used(cache) == 0
 
 
 def test_a_reservation_the_watch_never_confirms_expires(caplog):
@@ -136,7 +137,7 @@ def test_a_relisting_keeps_reservations_the_listing_does_not_show_yet():
     cache.replace_pods([pod("p", mem=10)])
     assert used(cache) == 10
     cache.replace_pods([pod("p", mem=10, node="n", annotations=annotation.encode(allocation))])
-    assert not cache.assumed_keys() and used(cache) == 10
+    assert not list(cache.details().assumed) and used(cache) == 10
 
 
 def test_results_are_reused_until_the_node_changes():
@@ -179,7 +180,7 @@ def test_a_pod_with_an_unreadable_allocation_is_left_out_and_reported():
         EventType.ADDED, pod("p", mem=1, node="n", annotations={"gpushare.io/allocation": "{oops"})
     )
     assert used(cache) == 0
-    assert "not a JSON object" in cache.pod_problem("default/p")
+    assert "not a JSON object" in cache.details().pod_problems.get("default/p")
 
 
 @pytest.mark.parametrize(
@@ -247,7 +248,7 @@ def test_a_bind_reserves_only_what_still_fits():
     assume(cache, "p", 10)
     refused = cache.reserve(asking("q", 10), "n", T0)
     assert isinstance(refused, Refusal) and "insufficient-gpu-memory" in str(refused)
-    assert cache.assumed_keys() == ["default/p"] and used(cache) == 10
+    assert list(cache.details().assumed) == ["default/p"] and used(cache) == 10
 
 
 def test_a_deleted_node_is_refused_and_stays_gone_after_a_relist():
@@ -403,7 +404,7 @@ def test_a_fresh_cache_takes_watch_events_before_any_listing():
     cache.apply_pod(EventType.ADDED, unserved_pods(1)[0])
     assert refusal(cache, 16) == ""
     assert "gpushare.io/gpus is malformed" in cache.answers(asking("p", 1), ["b"]).entries[0][3]
-    assert "not a JSON object" in cache.pod_problem("default/bad")
+    assert "not a JSON object" in cache.details().pod_problems.get("default/bad")
     assert cache.take_unserved() == [("default/p0", "u0", "nobody-scheduler")]
 
 
@@ -474,17 +475,20 @@ def test_a_deleted_pod_leaves_no_problem_and_no_nudge_behind():
     assert cache.filter(asking("waiting", 8), ["n"]).fits_nowhere()
     cache.apply_pod(EventType.DELETED, bad)
     cache.apply_pod(EventType.DELETED, pod("waiting", mem=8))
-    assert cache.pod_problem("default/bad") is None and cluster_report(cache)["podProblems"] == {}
-    assert cache.refused_keys() == [] and cache.take_requeue(10) == (set(), [])
+    assert (
+        cache.details().pod_problems.get("default/bad") is None
+        and cluster_report(cache)["podProblems"] == {}
+    )
+    assert list(cache.details().waiting) == [] and cache.take_requeue(10) == (set(), [])
 
 
 def test_a_pod_the_watch_shows_bound_waits_for_no_nudge():
     cache = started()
     assume(cache, "big", 16)
     assert cache.filter(asking("p", 8), ["n"]).fits_nowhere()
-    assert cache.refused_keys() == ["default/p"]
+    assert list(cache.details().waiting) == ["default/p"]
     cache.apply_pod(EventType.MODIFIED, pod("p", mem=8, node="elsewhere"))
-    assert cache.refused_keys() == [] and cache.counts().refused == 0
+    assert list(cache.details().waiting) == [] and cache.counts().refused == 0
 
 
 def test_a_pod_created_again_under_the_same_name_drops_the_old_ones_reservation():
@@ -495,7 +499,7 @@ def test_a_pod_created_again_under_the_same_name_drops_the_old_ones_reservation(
         update={"metadata": again.metadata.model_copy(update={"uid": "uid-p-again"})}
     )
     cache.apply_pod(EventType.ADDED, again)  # not bound: the old pod's bind is moot
-    assert not cache.assumed_keys() and used(cache) == 0
+    assert not list(cache.details().assumed) and used(cache) == 0
 
 
 def test_a_failed_bind_gives_back_what_the_api_shows_of_the_pod():
@@ -507,7 +511,7 @@ def test_a_failed_bind_gives_back_what_the_api_shows_of_the_pod():
     assume(cache, "p", 6)  # bind tries again
     assert used(cache) == 6
     cache.forget("default/p", "uid-p")  # and fails
-    assert used(cache) == 10 and not cache.assumed_keys()
+    assert used(cache) == 10 and not list(cache.details().assumed)
 
 
 def test_reservations_expire_by_their_own_age_checked_every_five_seconds():
@@ -517,14 +521,14 @@ def test_reservations_expire_by_their_own_age_checked_every_five_seconds():
     first = assume(cache, "first", 4)
     assume(cache, "second", 4)
     clock.now = 150
-    cache.assume("default/first", "uid-first", first)  # reserved again: younger now
+    assert assume(cache, "first", 4) == first  # reserved again: younger now
     clock.now = 158
     assert cache.expire() == []  # second is 58 s old
     clock.now = 161
     assert cache.expire() == []  # the last pass was 3 s ago
     clock.now = 163
     assert cache.expire() == ["default/second"]
-    assert cache.assumed_keys() == ["default/first"] and used(cache) == 4
+    assert list(cache.details().assumed) == ["default/first"] and used(cache) == 4
 
 
 def test_the_watch_showing_a_pod_bound_elsewhere_frees_the_node_reserved():
@@ -547,7 +551,7 @@ def test_an_old_reservation_of_a_pod_the_api_shows_bound_is_kept():
     assume(cache, "p", 10)  # a bind for it reserves all the same
     clock.now = 61
     assert cache.expire() == []
-    assert cache.assumed_keys() == ["default/p"] and used(cache) == 10
+    assert list(cache.details().assumed) == ["default/p"] and used(cache) == 10
 
 
 def test_the_10000_pods_refused_last_are_kept_for_the_nudge():
@@ -555,7 +559,7 @@ def test_the_10000_pods_refused_last_are_kept_for_the_nudge():
     assume(cache, "big", 16)
     for i in range(10_001):
         cache.filter(asking(f"p{i}", 8, uid=f"u{i}"), ["n"])
-    waiting = cache.refused_keys()
+    waiting = list(cache.details().waiting)
     assert len(waiting) == 10_000 and waiting[0] == "default/p1" and waiting[-1] == "default/p10000"
 
 
@@ -565,7 +569,7 @@ def test_a_pod_that_fits_again_waits_for_no_nudge():
     assert cache.filter(asking("p", 8), ["n"]).fits_nowhere()
     cache.forget("default/big", "uid-big")
     assert not cache.filter(asking("p", 8), ["n"]).fits_nowhere()
-    assert cache.refused_keys() == []
+    assert list(cache.details().waiting) == []
 
 
 def test_the_nudge_skips_pods_bound_leaving_or_created_again_and_keeps_unseen_ones():
@@ -580,7 +584,7 @@ def test_the_nudge_skips_pods_bound_leaving_or_created_again_and_keeps_unseen_on
     for name in ("unseen", "waiting"):
         cache.filter(asking(name, 8), ["n"])
     assert cache.take_requeue(1) == (set(), [("default/unseen", "uid-unseen")])
-    assert cache.refused_keys() == ["default/unseen", "default/waiting"]
+    assert list(cache.details().waiting) == ["default/unseen", "default/waiting"]
     assert cache.take_requeue(10)[1] == [
         ("default/unseen", "uid-unseen"),
         ("default/waiting", "uid-waiting"),
@@ -645,9 +649,9 @@ def test_counts_say_what_the_cache_holds():
 def test_a_pod_whose_allocation_becomes_readable_has_no_problem_any_more():
     cache = started()
     cache.apply_pod(EventType.ADDED, pod("p", mem=1, annotations={"gpushare.io/allocation": "{"}))
-    assert cache.pod_problem("default/p") is not None
+    assert cache.details().pod_problems.get("default/p") is not None
     cache.apply_pod(EventType.MODIFIED, pod("p", mem=1))
-    assert cache.pod_problem("default/p") is None and cache.counts().problems == 0
+    assert cache.details().pod_problems.get("default/p") is None and cache.counts().problems == 0
 
 
 def test_the_policies_learn_again_of_a_pod_only_after_100000_newer_ones():
@@ -684,7 +688,7 @@ def test_a_relisting_showing_the_pod_bound_ends_its_reservation():
     cache = started()
     assume(cache, "p", 10)
     cache.replace_pods([pod("p", mem=10, node="n")])  # bound, its allocation not shown
-    assert not cache.assumed_keys() and used(cache) == 0
+    assert not list(cache.details().assumed) and used(cache) == 0
 
 
 def test_a_reservation_kept_through_a_relisting_is_freed_when_its_bind_fails():

@@ -25,7 +25,9 @@ def bound(s: Scheduler, name: str, mem: int) -> Pod:
 def damage(s: Scheduler, name: str, annotations: dict[str, str]) -> None:
     """Writes `annotations` over the pod's and waits for the extender to see them."""
     s.cluster.patch_pod_annotations("default", name, annotations)
-    wait_until(lambda: s.service.cache.pod_problem(f"default/{name}") is not None, what=name)
+    wait_until(
+        lambda: s.service.cache.details().pod_problems.get(f"default/{name}") is not None, what=name
+    )
 
 
 def reasons(s: Scheduler, asking: Pod) -> str:
@@ -63,7 +65,7 @@ def test_a_digit_changed_in_a_record_is_refused_not_read(s):
     changed = record.replace('"memGiB":8', '"memGiB":0')
     assert changed != record
     damage(s, "held", {annotation.ALLOCATION: changed})
-    assert "fails its check" in str(s.service.cache.pod_problem("default/held"))
+    assert "fails its check" in str(s.service.cache.details().pod_problems.get("default/held"))
     assert "[insufficient-gpu-memory]" in reasons(s, pod("big", mem=14))
 
 
@@ -87,7 +89,7 @@ def test_a_record_that_breaks_a_rule_is_damaged_and_charged_from_the_ack_keys(s,
             )
         },
     )
-    assert problem in str(s.service.cache.pod_problem("default/held"))
+    assert problem in str(s.service.cache.details().pod_problems.get("default/held"))
     assert s.service.cache.snapshot().gpus["n"][0][:2] == (8, 0)
     assert "[insufficient-gpu-memory]" in reasons(s, pod("full", mem=16))
 
@@ -117,7 +119,9 @@ def test_a_record_and_ack_keys_both_unreadable_close_the_node_until_repaired(s):
     assert "not a JSON object" in event.message and "takes no new GPU pod" in event.message
 
     s.cluster.patch_pod_annotations("default", "held", good)  # repaired
-    wait_until(lambda: s.service.cache.pod_problem("default/held") is None, what="repaired")
+    wait_until(
+        lambda: s.service.cache.details().pod_problems.get("default/held") is None, what="repaired"
+    )
     assert s.filter(pod("tiny", mem=1), ["n"])["NodeNames"] == ["n"]
     assert s.service.cache.snapshot().gpus["n"][0][:2] == (8, 0)
     assert gauges(s) == (0, 0)

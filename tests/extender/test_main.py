@@ -3,6 +3,7 @@
 import contextlib
 import ipaddress
 import os
+import re
 import signal
 import socket
 import ssl
@@ -18,6 +19,7 @@ import yaml
 
 from gpushare.cluster.memory import MemoryCluster
 from gpushare.extender.main import build_parser, config_from, main
+from gpushare.extender.service import ExtenderConfig
 from tests.builders import node
 from tests.extender.tls import self_signed
 from tests.kubecluster.apiserver import ApiServer
@@ -48,6 +50,46 @@ def test_help_explains_every_flag():
     for flag in FLAGS:
         assert flag in result.stdout
     assert "binpack" in result.stdout and "spread" in result.stdout
+
+
+def test_without_flags_the_extender_runs_the_default_configuration():
+    assert config_from(build_parser().parse_args([])) == ExtenderConfig()
+
+
+def help_by_flag() -> dict[str, str]:
+    """Each option's entry of --help (flag, metavar, help), by flag, on one line (with
+    COLUMNS wide enough that no word is broken at a hyphen)."""
+    options = build_parser().format_help().split("\noptions:\n")[1]
+    entries = [" ".join(entry.split()) for entry in re.split(r"\n  (?=-)", "\n" + options)]
+    return {entry.split()[0].rstrip(","): entry for entry in entries if entry}
+
+
+def test_help_gives_each_default_the_configuration_has(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")
+    defaults = ExtenderConfig()
+    said = help_by_flag()
+    for flag, value in {
+        "--scheduler-address": defaults.scheduler_address,
+        "--port": defaults.port,
+        "--url-prefix": defaults.url_prefix,
+        "--host": defaults.host,
+        "--ops-port": defaults.ops_port,
+        "--webhook-port": defaults.webhook_port,
+        "--scheduler-name": defaults.scheduler_name,
+        "--extra-scheduler-names": ",".join(defaults.extra_scheduler_names),
+        "--default-placement": defaults.default_placement,
+        "--max-pods-per-gpu": defaults.max_pods_per_gpu,
+    }.items():
+        assert f"(default {value}" in said[flag], flag
+
+
+def test_a_bad_default_placement_is_said_before_the_api_server_is_looked_for(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--default-placement", "tetris", "--kubeconfig", "/nonexistent/kubeconfig"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--default-placement 'tetris' is not a placement policy; known: bestfit" in err
+    assert "Kubernetes API" not in err  # what a missing kubeconfig would say
 
 
 @pytest.mark.parametrize(

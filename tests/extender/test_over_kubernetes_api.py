@@ -71,7 +71,9 @@ def test_filter_and_bind_through_the_kubernetes_api():
         assert api.seen("POST", "/binding")
         assert service.events.flush(10), "the GpuAllocated event was not posted"
         assert api.events[-1]["reason"] == "GpuAllocated"
-        wait_until(lambda: not service.cache.assumed_keys(), what="the watch to show the bind")
+        wait_until(
+            lambda: not list(service.cache.details().assumed), what="the watch to show the bind"
+        )
 
 
 def test_a_burst_of_binds_keeps_every_api_connection(tmp_path, caplog):
@@ -130,7 +132,9 @@ def test_the_requeue_nudge_is_a_merge_patch_of_one_annotation():
             meta = holder.metadata
             bind = {"PodName": "holder", "PodNamespace": "default", "PodUID": meta.uid}
             assert http.post("/bind", json={**bind, "Node": "n1"}).json() == {"Error": ""}
-            wait_until(lambda: not service.cache.assumed_keys(), what="the watch to show the bind")
+            wait_until(
+                lambda: not list(service.cache.details().assumed), what="the watch to show the bind"
+            )
             args = {"Pod": pod_json(waiter), "Nodes": None, "NodeNames": ["n1"]}
             assert http.post("/filter", json=args).json()["NodeNames"] == []
         memory.delete_pod("default", "holder")

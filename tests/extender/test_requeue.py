@@ -61,7 +61,8 @@ def full_node(cluster: CountingCluster, scheduler_for, layout: str = "2x16GiB,1x
         filler = scheduler.submit(pod(f"fill-{gpu.index}", mem=gpu.mem))
         assert scheduler.schedule(filler) == "n1"
     wait_until(
-        lambda: not scheduler.service.cache.assumed_keys(), what="the watch to show the binds"
+        lambda: not list(scheduler.service.cache.details().assumed),
+        what="the watch to show the binds",
     )
     return scheduler
 
@@ -105,7 +106,7 @@ def test_a_pod_refused_everywhere_is_requeued_once_a_gpu_pod_leaves(
     said = "requeued 1 pods refused earlier after GPU capacity freed on node n1"
     wait_until(lambda: said in caplog.text, what="the requeue logged")
     assert scheduler.filter(waiter)["NodeNames"] == ["n1"]  # the retry it makes now fits
-    assert "default/waiter" not in scheduler.service.cache.refused_keys()
+    assert "default/waiter" not in list(scheduler.service.cache.details().waiting)
     metrics = scheduler.service.metrics.registry
     requeued = {"result": "requeued"}
     wait_until(lambda: metrics.get_sample_value("gpushare_extender_requeues_total", requeued))
@@ -140,7 +141,7 @@ def test_changes_that_free_nothing_requeue_nobody(cluster, scheduler_for):
     scheduler.submit(pod("newcomer", mem=4))  # a new pod takes room, frees none
     time.sleep(QUIET_S)
     assert cluster.requeued == {}
-    assert "default/waiter" in scheduler.service.cache.refused_keys()
+    assert "default/waiter" in list(scheduler.service.cache.details().waiting)
 
 
 def test_pods_bound_deleted_or_admitted_meanwhile_are_not_patched(cluster, scheduler_for):
@@ -155,7 +156,9 @@ def test_pods_bound_deleted_or_admitted_meanwhile_are_not_patched(cluster, sched
     cluster.bind_pod("default", "bound", "n2", bound.metadata.uid)  # by hand, say
     cluster.delete_pod("default", "deleted")
     assert scheduler.filter(admitted, ["n1", "n2"])["NodeNames"] == ["n2"]
-    wait_until(lambda: cache.refused_keys() == ["default/waiter"], what="the watch to catch up")
+    wait_until(
+        lambda: list(cache.details().waiting) == ["default/waiter"], what="the watch to catch up"
+    )
 
     cluster.delete_pod("default", "fill-0")
 
@@ -186,7 +189,7 @@ def test_a_pod_gone_from_the_api_is_forgotten_quietly(cluster, scheduler_for, ca
 
     cluster.delete_pod("default", "fill-0")
     wait_requeued(cluster, "ghost", "waiter")
-    wait_until(lambda: "default/ghost" not in scheduler.service.cache.refused_keys())
+    wait_until(lambda: "default/ghost" not in list(scheduler.service.cache.details().waiting))
     cluster.delete_pod("default", "fill-1")
     wait_until(lambda: cluster.requeued["waiter"] == 2, what="the second nudge")
 
@@ -229,6 +232,6 @@ def test_pods_already_waiting_when_the_extender_starts_are_nudged(cluster, caplo
         assert scheduler.filter(scheduler.cluster.get_pod("default", "early"))["NodeNames"] == [
             "n1"
         ]
-        assert "default/early" not in scheduler.service.cache.refused_keys()
+        assert "default/early" not in list(scheduler.service.cache.details().waiting)
     finally:
         scheduler.close()

@@ -11,6 +11,7 @@ import pytest
 
 from gpushare.cluster.memory import MemoryCluster
 from gpushare.extender import webhook
+from gpushare.extender.policychoice import PolicyChoice
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import ExtenderConfig, ExtenderService
 from gpushare.extender.wire import AdmissionReview
@@ -123,5 +124,5 @@ def test_a_pod_needing_a_mode_no_node_has_is_admitted_with_a_warning(validate):
 
 def test_an_extender_that_has_not_listed_nodes_refuses_nothing_for_want_of_one():
     body = AdmissionReview.model_validate(review(pod_json(pod("big", mem=17))))
-    answer = webhook.validate(body, ["gpushare-scheduler"], ["binpack"], None)
+    answer = webhook.validate(body, ["gpushare-scheduler"], PolicyChoice(default="binpack"), None)
     assert answer["response"]["allowed"] is True and "warnings" not in answer["response"]

@@ -138,6 +138,13 @@ checks each name; only here can one be compared with scheduler.name. */}}
 {{- join "," $names }}
 {{- end }}
 
+{{/* The placement policies the extender knows (gpushare.placement.policies.POLICIES),
+sorted, space separated: what the notes offer. Templates cannot read values.schema.json,
+whose extender.defaultPlacement enum lists them too; tests/chart pins both to POLICIES. */}}
+{{- define "gpushare.placementPolicies" -}}
+bestfit binpack fgd fgd-lookahead spread
+{{- end }}
+
 {{- define "gpushare.leaseNamespace" -}}
 {{- default .Release.Namespace .Values.scheduler.leaderElection.resourceNamespace }}
 {{- end }}

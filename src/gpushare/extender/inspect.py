@@ -18,6 +18,7 @@ def cluster_report(cache: SchedulerCache) -> dict[str, Any]:
         "nodes": [_node(node) for node in details.nodes],
         "assumedPods": list(details.assumed),
         "podProblems": dict(sorted(details.pod_problems.items())),
+        "waitingPods": list(details.waiting),
     }
 
 

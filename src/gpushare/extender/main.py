@@ -14,14 +14,15 @@ bounded in size and time (docs/install.md, "Security").
 """
 
 import argparse
+import functools
 import gc
 import logging
-import re
 import ssl
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from gpushare.commandline import (
     InputFileError,
@@ -34,13 +35,24 @@ from gpushare.extender.policychoice import PolicyChoice
 from gpushare.extender.schedulernames import DEFAULT_SCHEDULER
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import API_CONNECTIONS, ExtenderConfig, ExtenderService
-from gpushare.placement.policies import DEFAULT_PLACEMENT, POLICIES
-from gpushare.resources import ACK_SCHEDULER_NAME, DEFAULT_MAX_PODS_PER_GPU, SCHEDULER_NAME
+from gpushare.placement.policies import POLICIES
 
 log = logging.getLogger("gpushare.extender")
 
-# What the API server accepts in a pod's spec.schedulerName: a DNS-1123 subdomain.
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_DEFAULTS = ExtenderConfig()
+"""What the extender does without flags: each flag's default is its field's here."""
+
+
+def _config_flag(parser: argparse.ArgumentParser, flag: str, help: str, **kwargs: Any) -> None:
+    """The flag of ExtenderConfig's field of the same name (--ops-port: ops_port), its
+    default the field's (a tuple as the comma-separated text the flag takes); help says
+    it with %(default)s."""
+    default = getattr(_DEFAULTS, flag.removeprefix("--").replace("-", "_"))
+    if isinstance(default, tuple):
+        default = ",".join(default)
+    elif isinstance(default, int):
+        kwargs.setdefault("type", int)
+    parser.add_argument(flag, default=default, help=help, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,74 +61,55 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
+    flag = functools.partial(_config_flag, parser)
+    flag(
         "--scheduler-address",
-        default="127.0.0.1",
-        help="address of the scheduler verbs <url-prefix>/filter|prioritize|bind|preempt; "
+        "address of the scheduler verbs <url-prefix>/filter|prioritize|bind|preempt; "
         "they bind pods and fill the reservation table, so only the kube-scheduler in the "
         "extender's pod may reach them: keep loopback unless a NetworkPolicy or the host "
-        "guards the address (default 127.0.0.1)",
+        "guards the address (default %(default)s)",
     )
-    parser.add_argument(
-        "--port",
-        type=int,
-        default=39999,
-        help="port of the scheduler verbs (default 39999)",
-    )
-    parser.add_argument(
+    flag("--port", "port of the scheduler verbs (default %(default)s)")
+    flag(
         "--url-prefix",
-        default="/gpushare-scheduler",
-        help="path before the verbs; must match urlPrefix in the scheduler configuration "
-        "(default /gpushare-scheduler)",
+        "path before the verbs; must match urlPrefix in the scheduler configuration "
+        "(default %(default)s)",
     )
-    parser.add_argument(
+    flag(
         "--host",
-        default="0.0.0.0",
-        help="address of the operational endpoints and the webhook (default 0.0.0.0)",
+        "address of the operational endpoints and the webhook (default %(default)s)",
     )
-    parser.add_argument(
+    flag(
         "--ops-port",
-        type=int,
-        default=39998,
-        help="port of /healthz, /readyz, /metrics, /version, /inspect, /inspect/NODE "
-        "(default 39998)",
+        "port of /healthz, /readyz, /metrics, /version, /inspect, /inspect/NODE "
+        "(default %(default)s)",
     )
-    parser.add_argument(
+    flag(
         "--webhook-port",
-        type=int,
-        default=9443,
-        help="HTTPS port of the admission webhook (/validate, /mutate); served only when "
-        "--tls-cert-file and --tls-key-file are given (default 9443)",
+        "HTTPS port of the admission webhook (/validate, /mutate); served only when "
+        "--tls-cert-file and --tls-key-file are given (default %(default)s)",
     )
-    parser.add_argument("--tls-cert-file", type=Path, help="PEM certificate of the webhook")
-    parser.add_argument("--tls-key-file", type=Path, help="PEM private key of the webhook")
-    parser.add_argument(
+    flag("--tls-cert-file", "PEM certificate of the webhook", type=Path)
+    flag("--tls-key-file", "PEM private key of the webhook", type=Path)
+    flag(
         "--scheduler-name",
-        default=SCHEDULER_NAME,
-        help="schedulerName the mutating webhook gives GPU pods that kept the default "
-        f"scheduler (default {SCHEDULER_NAME})",
+        "schedulerName the mutating webhook gives GPU pods that kept the default "
+        "scheduler (default %(default)s)",
     )
-    parser.add_argument(
+    flag(
         "--extra-scheduler-names",
-        default=ACK_SCHEDULER_NAME,
-        help="comma-separated further schedulerNames the scheduler beside this extender "
+        "comma-separated further schedulerNames the scheduler beside this extender "
         "serves (its other profiles); the webhook checks pods naming them like pods naming "
         "--scheduler-name and warns about GPU pods naming a scheduler that is neither ours "
-        f"nor {DEFAULT_SCHEDULER}; empty for none (default {ACK_SCHEDULER_NAME})",
+        f"nor {DEFAULT_SCHEDULER}; empty for none (default %(default)s)",
     )
-    parser.add_argument(
+    flag(
         "--default-placement",
-        default=DEFAULT_PLACEMENT,
-        help="placement policy for nodes without the ack.node.gpu.placement label and pods "
+        "placement policy for nodes without the ack.node.gpu.placement label and pods "
         f"without gpushare.io/placement-policy; one of {', '.join(sorted(POLICIES))} "
-        f"(default {DEFAULT_PLACEMENT}: fragmentation-aware, see docs/placement.md)",
+        "(default %(default)s: fragmentation-aware, see docs/placement.md)",
     )
-    parser.add_argument(
-        "--max-pods-per-gpu",
-        type=int,
-        default=DEFAULT_MAX_PODS_PER_GPU,
-        help=f"most pods sharing one GPU (default {DEFAULT_MAX_PODS_PER_GPU})",
-    )
+    flag("--max-pods-per-gpu", "most pods sharing one GPU (default %(default)s)")
     parser.add_argument(
         "--kubeconfig",
         default=None,
@@ -134,21 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from(args: argparse.Namespace) -> ExtenderConfig:
-    """The configuration the flags give; ValueError naming the flag that cannot work,
-    InputFileError naming a TLS file that cannot be used."""
-    if (args.tls_cert_file is None) != (args.tls_key_file is None):
-        raise ValueError("give both --tls-cert-file and --tls-key-file, or neither")
-    if args.tls_cert_file is not None:
-        check_tls_files(args.tls_cert_file, args.tls_key_file)
-    if args.max_pods_per_gpu < 1:
-        raise ValueError(f"--max-pods-per-gpu must be at least 1, got {args.max_pods_per_gpu}")
-    ports = {"--port": args.port, "--ops-port": args.ops_port}
-    if args.tls_cert_file is not None:
-        ports["--webhook-port"] = args.webhook_port
-    if len(set(ports.values())) < len(ports):
-        raise ValueError(f"each listener needs its own port, got {_flags(ports)}")
-    extra_names = _extra_scheduler_names(args.scheduler_name, args.extra_scheduler_names)
-    return ExtenderConfig(
+    """The configuration the flags give; ValueError naming the flag that cannot work
+    (ExtenderConfig's checks), InputFileError naming a TLS file that cannot be used.
+    The default placement is the policy registry's to check (`PolicyChoice`)."""
+    config = ExtenderConfig(
         host=args.host,
         port=args.port,
         scheduler_address=args.scheduler_address,
@@ -158,10 +140,18 @@ def config_from(args: argparse.Namespace) -> ExtenderConfig:
         tls_cert_file=args.tls_cert_file,
         tls_key_file=args.tls_key_file,
         scheduler_name=args.scheduler_name,
-        extra_scheduler_names=extra_names,
-        default_placement=PolicyChoice(POLICIES, args.default_placement).default,
+        extra_scheduler_names=_names(args.extra_scheduler_names),
+        default_placement=args.default_placement,
         max_pods_per_gpu=args.max_pods_per_gpu,
     )
+    if config.tls_cert_file is not None and config.tls_key_file is not None:
+        check_tls_files(config.tls_cert_file, config.tls_key_file)
+    return config
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """The names of a comma-separated list, "" for none."""
+    return tuple(name.strip() for name in text.split(",")) if text.strip() else ()
 
 
 def check_tls_files(cert: Path, key: Path) -> None:
@@ -178,34 +168,6 @@ def check_tls_files(cert: Path, key: Path) -> None:
             f"with --tls-key-file {key}, not a PEM certificate and its private key "
             f"({err.reason or err})",
         ) from None
-
-
-def _flags(values: dict[str, int]) -> str:
-    return " ".join(f"{flag}={value}" for flag, value in values.items())
-
-
-def _extra_scheduler_names(main_name: str, extra: str) -> tuple[str, ...]:
-    """The extra names, checked as kube-scheduler and the API server would need them:
-    names a pod can carry, each served by one profile only."""
-    names = [name.strip() for name in extra.split(",")] if extra.strip() else []
-    seen: set[str] = set()
-    for flag, name in [("--scheduler-name", main_name)] + [
-        ("--extra-scheduler-names", name) for name in names
-    ]:
-        if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
-            raise ValueError(
-                f"{flag}: {name!r} is not a scheduler name a pod can carry (a DNS-1123 "
-                "subdomain: lower-case letters, digits, '-' and '.', at most 253 characters)"
-            )
-        if name == DEFAULT_SCHEDULER:
-            raise ValueError(f"{flag}: {DEFAULT_SCHEDULER} is the default scheduler's name")
-        if name in seen:
-            raise ValueError(
-                f"{flag}: {name} is named twice across --scheduler-name and "
-                "--extra-scheduler-names (each is one profile of kube-scheduler)"
-            )
-        seen.add(name)
-    return tuple(names)
 
 
 def _report_sync(service: ExtenderService) -> None:
@@ -235,12 +197,13 @@ def run(args: argparse.Namespace) -> int:
     """Serves until kube-scheduler's verbs stop (SIGTERM)."""
     try:
         config = config_from(args)
+        placement = PolicyChoice(POLICIES, config.default_placement)  # before the API
     except ValueError as err:
         raise UsageError(str(err)) from None
     from gpushare.kubecluster import KubeCluster
 
     cluster = KubeCluster.from_config(args.kubeconfig, connections=API_CONNECTIONS)
-    service = ExtenderService(cluster, config)
+    service = ExtenderService(cluster, config, placement)
     log.info("%s, API server from %s", config.summary(), cluster.origin)
     service.start_watching()
     threading.Thread(target=_report_sync, args=(service,), name="sync", daemon=True).start()

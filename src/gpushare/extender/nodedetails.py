@@ -52,6 +52,9 @@ class ClusterDetails:
     """By name: every node with GPUs or a problem."""
     assumed: tuple[str, ...]
     pod_problems: Mapping[str, str]
+    waiting: tuple[str, ...] = ()
+    """Pods filter refused on every node, waiting for room (the requeue nudge's),
+    least recently refused first."""
 
 
 def node_details(

@@ -6,6 +6,7 @@ stays Pending with no event at all. The webhook warns whoever creates it (for a 
 or a Deployment that is the controller, not the user), and the extender posts an
 event on the pod itself (extender.unserved)."""
 
+import re
 from collections.abc import Sequence
 from typing import Final
 
@@ -34,3 +35,29 @@ def unserved_warning(name: str, served: Sequence[str]) -> str:
         f'schedulerName "{name}" is not gpushare\'s ({", ".join(served)}); '
         "Pending unless such a scheduler runs"
     )
+
+
+# What the API server accepts in a pod's spec.schedulerName: a DNS-1123 subdomain.
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def check_scheduler_names(main_name: str, extra: Sequence[str]) -> None:
+    """Raises ValueError naming the flag unless the names are what kube-scheduler and the
+    API server need: names a pod can carry, each served by one profile only."""
+    seen: set[str] = set()
+    for flag, name in [("--scheduler-name", main_name)] + [
+        ("--extra-scheduler-names", name) for name in extra
+    ]:
+        if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+            raise ValueError(
+                f"{flag}: {name!r} is not a scheduler name a pod can carry (a DNS-1123 "
+                "subdomain: lower-case letters, digits, '-' and '.', at most 253 characters)"
+            )
+        if name == DEFAULT_SCHEDULER:
+            raise ValueError(f"{flag}: {DEFAULT_SCHEDULER} is the default scheduler's name")
+        if name in seen:
+            raise ValueError(
+                f"{flag}: {name} is named twice across --scheduler-name and "
+                "--extra-scheduler-names (each is one profile of kube-scheduler)"
+            )
+        seen.add(name)

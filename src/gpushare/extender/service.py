@@ -19,13 +19,15 @@ from gpushare.extender.app import (
     webhook_app,
 )
 from gpushare.extender.binder import Binder
-from gpushare.extender.cache import SchedulerCache, interesting
+from gpushare.extender.cache import SchedulerCache
 from gpushare.extender.damaged import DamagedRecordReporter
 from gpushare.extender.eventqueue import PodEventQueue
 from gpushare.extender.limits import DEFAULT_READ_LIMITS, ReadLimits
 from gpushare.extender.metrics import ExtenderMetrics
+from gpushare.extender.mirror import interesting
 from gpushare.extender.policychoice import PolicyChoice
 from gpushare.extender.requeue import Requeuer
+from gpushare.extender.schedulernames import check_scheduler_names
 from gpushare.extender.unserved import UnservedReporter
 from gpushare.extender.version import VERSION
 from gpushare.kubecluster.watchcache import WatchCache
@@ -41,6 +43,12 @@ damaged records)."""
 
 @dataclass(frozen=True)
 class ExtenderConfig:
+    """What gpushare-extender is told, written once: the defaults of its flags are these
+    fields' (gpushare.extender.main builds the flags from them; tests/chart pins the
+    chart's values to them), and a configuration that cannot work is refused here, on
+    construction, with a ValueError naming the flag (`__post_init__`). Whether
+    default_placement names a policy is the policy registry's to say (`PolicyChoice`)."""
+
     host: str = "0.0.0.0"
     """Address of the operational endpoints and the webhook."""
     port: int = 39999
@@ -58,6 +66,19 @@ class ExtenderConfig:
     default_placement: str = DEFAULT_PLACEMENT
     max_pods_per_gpu: int = DEFAULT_MAX_PODS_PER_GPU
     read_limits: ReadLimits = DEFAULT_READ_LIMITS
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("give both --tls-cert-file and --tls-key-file, or neither")
+        if self.max_pods_per_gpu < 1:
+            raise ValueError(f"--max-pods-per-gpu must be at least 1, got {self.max_pods_per_gpu}")
+        ports = {"--port": self.port, "--ops-port": self.ops_port}
+        if self.webhook_enabled:
+            ports["--webhook-port"] = self.webhook_port
+        if len(set(ports.values())) < len(ports):
+            flags = " ".join(f"{flag}={port}" for flag, port in ports.items())
+            raise ValueError(f"each listener needs its own port, got {flags}")
+        check_scheduler_names(self.scheduler_name, self.extra_scheduler_names)
 
     @property
     def webhook_enabled(self) -> bool:
@@ -93,18 +114,19 @@ class ExtenderService:
         self,
         cluster: Cluster,
         config: ExtenderConfig,
-        policies: Mapping[str, PolicyFactory] = POLICIES,
+        policies: Mapping[str, PolicyFactory] | PolicyChoice = POLICIES,
     ) -> None:
         """`policies`: the registry this extender makes its own policy objects from
-        (what they learn stays in this extender)."""
-        if config.max_pods_per_gpu < 1:
-            raise ValueError(
-                f"--max-pods-per-gpu must be at least 1, got {config.max_pods_per_gpu}"
-            )
+        (what they learn stays in this extender), config.default_placement the default
+        among them, checked here (ValueError); or that choice made already, as
+        gpushare-extender makes it to refuse a bad --default-placement before it looks
+        for the API server."""
         self.config = config
         self.cluster = cluster
         self.cache = SchedulerCache(
-            PolicyChoice(policies, config.default_placement),
+            policies
+            if isinstance(policies, PolicyChoice)
+            else PolicyChoice(policies, config.default_placement),
             config.max_pods_per_gpu,
             served_schedulers=config.scheduler_names,
         )

@@ -1,12 +1,14 @@
-"""Two books of pods left waiting, kept by the extender's cache for its workers.
+"""The books of pods the extender's cache keeps: two of pods left waiting, for its
+workers, and one of the pods filter saw, for bind.
 
 `RefusedPods`: the pods filter refused on every candidate node, and those a
 listing shows waiting for our scheduler; once room appears, the requeue nudge
 (extender.requeue) makes kube-scheduler retry them. `UnservedPods`: the pods that
 ask for our resources under a schedulerName nobody serves; each gets one
-`SchedulerNotServed` event (extender.unserved).
+`SchedulerNotServed` event (extender.unserved). `FilteredPods`: the pods filter saw,
+which bind places without reading them from the API server.
 
-Neither is thread-safe. SchedulerCache calls them only under its one lock, so a
+None is thread-safe. SchedulerCache calls them only under its one lock, so a
 filter answer and the pod remembered for it, or a change applied and the nudge it
 asks for, stay one critical section; the workers go through the cache too.
 """
@@ -14,6 +16,7 @@ asks for, stay one critical section; the workers go through the cache too.
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
+from gpushare.extender.pendingpod import PendingPod
 from gpushare.extender.schedulernames import unserved_scheduler
 from gpushare.objects import Pod
 from gpushare.request import requests_gpu
@@ -171,3 +174,31 @@ class UnservedPods:
             if len(self._noticed) > _NOTICED_LIMIT:
                 self._noticed.popitem(last=False)
         return taken
+
+
+_FILTERED_LIMIT = 10_000
+"""Far more pods than kube-scheduler has between filter and bind at once."""
+
+
+class FilteredPods:
+    """The pods filter saw, by UID, newest last: what bind places without reading the
+    pod from the API server (a pod's resources cannot change after it is created)."""
+
+    def __init__(self) -> None:
+        self._pods: OrderedDict[str, PendingPod] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def saw(self, pod: PendingPod) -> None:
+        if not pod.uid:
+            return  # bind always names the UID: a pod without one is never looked up
+        self._pods[pod.uid] = pod
+        self._pods.move_to_end(pod.uid)
+        if len(self._pods) > _FILTERED_LIMIT:  # pragma: no mutate: a size, not a rule
+            self._pods.popitem(last=False)  # pragma: no mutate: which goes, a size
+
+    def get(self, key: str, uid: str) -> PendingPod | None:
+        """The pod `key` as filter last saw it with this UID."""
+        pending = self._pods.get(uid)
+        return pending if pending is not None and pending.key == key else None

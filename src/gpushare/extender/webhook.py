@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpushare.errors import PodRefused, Refusal, Rule
-from gpushare.extender.cache import GpuShape
+from gpushare.extender.mirror import GpuShape
 from gpushare.extender.policychoice import PolicyChoice
 from gpushare.extender.schedulernames import DEFAULT_SCHEDULER, unserved_scheduler, unserved_warning
 from gpushare.extender.wire import AdmissionReview, WireError, describe

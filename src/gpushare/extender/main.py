@@ -21,6 +21,7 @@ import ssl
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from(args)
         placement = PolicyChoice(POLICIES, config.default_placement)  # before the API
+        config = replace(config, default_placement=placement.default)  # as it is known
     except ValueError as err:
         raise UsageError(str(err)) from None
     from gpushare.kubecluster import KubeCluster

@@ -6,7 +6,14 @@ import random
 from itertools import pairwise
 
 from gpushare.errors import Refusal, Rule
-from gpushare.extender.answertable import ANONYMOUS, Answers, NodeFit, _Answer, _ScoreBook
+from gpushare.extender.answertable import (
+    _RANKED_BESTS,
+    ANONYMOUS,
+    Answers,
+    NodeFit,
+    _Answer,
+    _ScoreBook,
+)
 from gpushare.placement.fit import Assignment, Placement, relative_score
 
 RULES = [Rule.INSUFFICIENT_MEMORY, Rule.NODE_NOT_SHARED, Rule.PODS_PER_GPU]
@@ -117,6 +124,19 @@ def test_a_new_book_rescores_the_nodes_of_each_state():
     assert rescored.passed_names() is kept  # prioritize's short way stays
     # The answers already given are as they were.
     assert json.loads(answers.priorities_json()) == relative(names, [50.0, 48.0] * 100)
+
+
+def test_a_book_keeps_its_scores_against_the_last_few_bests():
+    book = _ScoreBook()
+    book["1/p"] = 40.0
+    first = book.ranks(50.0)
+    assert first["1/p"] == str(relative_score(50.0, 40.0))
+    assert book.ranks(50.0) is first  # made once
+    for best in range(60, 60 + _RANKED_BESTS - 1):
+        book.ranks(float(best))
+    assert book.ranks(50.0) is first  # among the last few bests still
+    book.ranks(99.0)
+    assert book.ranks(50.0) is not first  # the oldest best went
 
 
 def test_an_answer_already_given_is_not_changed_by_a_patch():

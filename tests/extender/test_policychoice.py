@@ -22,7 +22,7 @@ def test_the_default_is_checked_once_and_kept_in_its_normal_form():
 
 
 def test_a_registry_without_the_default_is_refused():
-    with pytest.raises(ValueError, match="known: binpack$"):
+    with pytest.raises(ValueError, match=r"known: binpack$"):
         PolicyChoice({"binpack": BinpackPolicy}, "spread")
 
 

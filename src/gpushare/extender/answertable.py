@@ -29,6 +29,7 @@ import orjson
 
 from gpushare.errors import Refusal
 from gpushare.extender.wire import for_scheduler
+from gpushare.memo import BoundedMemo
 from gpushare.placement.fit import Placement, relative_score
 from gpushare.shapecache import ShapeTable
 from gpushare.state import NodeView
@@ -64,6 +65,8 @@ joins the blocks."""
 _BESTS = 3  # pragma: no mutate: a size
 """Priority lists kept per part, each for its best score: the best moves and comes
 back as pods land on the best nodes."""
+_RANKED_BESTS = 2 * _BESTS
+"""Best scores a book keeps each name's Score against, the oldest going first."""
 
 
 class _ScoreBook(dict[str, float]):
@@ -74,7 +77,7 @@ class _ScoreBook(dict[str, float]):
 
     def __init__(self) -> None:
         super().__init__()
-        self._ranks: dict[float, _Ranks] = {}
+        self._ranks: BoundedMemo[float, _Ranks] = BoundedMemo(_RANKED_BESTS)
 
     def __missing__(self, name: str) -> float:
         if name[:1] != "=":
@@ -88,9 +91,7 @@ class _ScoreBook(dict[str, float]):
             return {}  # no template names a score: the pod fits nowhere
         ranks = self._ranks.get(best)
         if ranks is None:
-            if len(self._ranks) >= 2 * _BESTS:  # pragma: no mutate: a size
-                del self._ranks[next(iter(self._ranks))]
-            ranks = self._ranks[best] = _Ranks(self, best)
+            ranks = self._ranks.put(best, _Ranks(self, best))
         return ranks
 
 

@@ -19,6 +19,7 @@ from gpushare.extender.answertable import ANONYMOUS, Answers, AnswerTable, NodeF
 from gpushare.extender.mirror import ClusterMirror
 from gpushare.extender.pendingpod import PendingPod
 from gpushare.extender.policychoice import PolicyChoice
+from gpushare.memo import BoundedMemo
 from gpushare.placement.fit import Placement, PlacementPolicy, evaluate
 from gpushare.request import PodRequest
 from gpushare.shapecache import ShapeCache
@@ -30,7 +31,8 @@ _OBSERVED_LIMIT = 100_000
 _STATE_FIELDS = tuple(f.name for f in fields(NodeView) if f.name != "name")
 """What placement reads of a node: its view, but for its name."""
 _STATES_LIMIT = 100_000
-"""Distinct node states numbered before the numbering starts over (bounds memory)."""
+"""Distinct node states numbered; the oldest numbering goes first (bounds memory): a
+state numbered again gets a new number, and its answers are made afresh."""
 
 
 class AnswerEngine:
@@ -39,21 +41,19 @@ class AnswerEngine:
         self._mirror = mirror
         self._policies = choice.build()
         self._tables: ShapeCache[AnswerTable] = ShapeCache(AnswerTable, _FIT_TABLES)
-        self._state_numbers: dict[tuple[Any, ...], int] = {}
+        self._state_numbers: BoundedMemo[tuple[Any, ...], int] = BoundedMemo(_STATES_LIMIT)
         """Each distinct node state (its view's fields but the name) by number."""
         self._node_states: dict[str, tuple[NodeView, int]] = {}
         """Each node's view last numbered, and its state's number."""
         self._numbers = count()
-        self._observed: dict[str, None] = {}
+        self._observed: BoundedMemo[str, None] = BoundedMemo(_OBSERVED_LIMIT)
         """The UIDs of the pods the policies were taught about, oldest first."""
 
     def observe(self, uid: str, request: PodRequest, pod_policy: str | None) -> None:
         """policy.observe(request), once per pod, for each policy that may place it."""
         if uid in self._observed:
             return
-        self._observed[uid] = None  # pragma: no mutate: an ordered set, values unread
-        if len(self._observed) > _OBSERVED_LIMIT:
-            del self._observed[next(iter(self._observed))]
+        self._observed.add(uid)
         for name in self._placing(pod_policy):
             self._policies[name].observe(request)
 
@@ -144,9 +144,7 @@ class AnswerEngine:
         nameless = tuple(map(view.__getattribute__, _STATE_FIELDS))
         number = self._state_numbers.get(nameless)
         if number is None:
-            if len(self._state_numbers) >= _STATES_LIMIT:
-                self._state_numbers.clear()
-            number = self._state_numbers[nameless] = next(self._numbers)
+            number = self._state_numbers.put(nameless, next(self._numbers))
         self._node_states[name] = (view, number)
         return number
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from gpushare.extender.pendingpod import PendingPod
 from gpushare.extender.schedulernames import unserved_scheduler
+from gpushare.memo import BoundedMemo
 from gpushare.objects import Pod
 from gpushare.request import requests_gpu
 
@@ -34,7 +35,7 @@ class RefusedPods:
     def __init__(self, served_schedulers: Sequence[str] | None) -> None:
         self.served_schedulers = served_schedulers
         """Every schedulerName our scheduler serves; None: listed pods are not looked at."""
-        self._refused: OrderedDict[str, str] = OrderedDict()
+        self._refused: BoundedMemo[str, str] = BoundedMemo(_REFUSED_LIMIT)
         """Pods whose last filter answer refused every candidate node, key → UID, least
         recently refused first."""
         self._freed: set[str] = set()
@@ -52,12 +53,9 @@ class RefusedPods:
         """Filter's verdict on a pod: remembered while every candidate node refuses it.
         One dict operation, as filter is the hot path."""
         if refused_everywhere:
-            self._refused[pod_key] = uid
-            self._refused.move_to_end(pod_key)
-            if len(self._refused) > _REFUSED_LIMIT:
-                self._refused.popitem(last=False)
+            self._refused.put(pod_key, uid)
         elif self._refused:
-            self._refused.pop(pod_key, None)
+            self._refused.pop(pod_key)
 
     def note_waiting(self, pod: Pod) -> None:
         """A listed pod waiting for our scheduler joins the pods to nudge: while the
@@ -72,7 +70,7 @@ class RefusedPods:
             and not pod.is_deleting
             and requests_gpu(pod)
         ):
-            self._refused[pod.key] = pod.metadata.uid
+            self._refused.put(pod.key, pod.metadata.uid)
             self._listed_waiting = True
 
     def room_appeared(self, nodes: Iterable[str]) -> bool:
@@ -99,7 +97,7 @@ class RefusedPods:
             if len(waiting) == limit:
                 break
         for key in gone:
-            del self._refused[key]
+            self._refused.pop(key)
         return nodes, waiting
 
     def take_listed_waiting(self) -> bool:
@@ -110,11 +108,11 @@ class RefusedPods:
     def forget(self, pod_key: str, uid: str) -> None:
         """The pod of that UID is gone (a newer one of its name stays)."""
         if self._refused.get(pod_key) == uid:
-            del self._refused[pod_key]
+            self._refused.pop(pod_key)
 
     def drop(self, pod_key: str) -> None:
         """The pod is bound or gone, whichever UID it had."""
-        self._refused.pop(pod_key, None)
+        self._refused.pop(pod_key)
 
 
 class UnservedPods:
@@ -127,7 +125,8 @@ class UnservedPods:
         looked for."""
         self._unserved: OrderedDict[str, tuple[str, str]] = OrderedDict()
         """key → (UID, schedulerName)."""
-        self._noticed: OrderedDict[str, None] = OrderedDict()
+        self._noticed: BoundedMemo[str, None] = BoundedMemo(_NOTICED_LIMIT)
+        """The UIDs told about, the oldest first."""
 
     def __len__(self) -> int:
         return len(self._unserved)
@@ -137,7 +136,11 @@ class UnservedPods:
         is kept while its pod is listed."""
         self._unserved = OrderedDict()
         listed = {pod.metadata.uid for pod in pods}
-        self._noticed = OrderedDict.fromkeys(uid for uid in self._noticed if uid in listed)
+        kept: BoundedMemo[str, None] = BoundedMemo(_NOTICED_LIMIT)
+        for uid in self._noticed:
+            if uid in listed:
+                kept.add(uid)
+        self._noticed = kept
 
     def note(self, pod: Pod) -> bool:
         """Keeps `unserved` current for one pod; True when the pod joined it."""
@@ -170,9 +173,7 @@ class UnservedPods:
         taken = [(key, uid, name) for key, (uid, name) in self._unserved.items()]
         self._unserved.clear()
         for _, uid, _ in taken:
-            self._noticed[uid] = None  # pragma: no mutate: an ordered set, values unread
-            if len(self._noticed) > _NOTICED_LIMIT:
-                self._noticed.popitem(last=False)
+            self._noticed.add(uid)
         return taken
 
 
@@ -185,7 +186,7 @@ class FilteredPods:
     pod from the API server (a pod's resources cannot change after it is created)."""
 
     def __init__(self) -> None:
-        self._pods: OrderedDict[str, PendingPod] = OrderedDict()
+        self._pods: BoundedMemo[str, PendingPod] = BoundedMemo(_FILTERED_LIMIT)
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -193,10 +194,7 @@ class FilteredPods:
     def saw(self, pod: PendingPod) -> None:
         if not pod.uid:
             return  # bind always names the UID: a pod without one is never looked up
-        self._pods[pod.uid] = pod
-        self._pods.move_to_end(pod.uid)
-        if len(self._pods) > _FILTERED_LIMIT:  # pragma: no mutate: a size, not a rule
-            self._pods.popitem(last=False)  # pragma: no mutate: which goes, a size
+        self._pods.put(pod.uid, pod)
 
     def get(self, key: str, uid: str) -> PendingPod | None:
         """The pod `key` as filter last saw it with this UID."""

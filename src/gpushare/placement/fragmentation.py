@@ -15,6 +15,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from gpushare.memo import BoundedMemo
 from gpushare.placement.fit import Assignment
 from gpushare.placement.workload import MILLI, Workload
 from gpushare.state import GpuView, NodeView
@@ -29,7 +30,7 @@ STRANDED_MAX_GPUS = 1
 whole blocks of a node, which F already judges; counting them too made the policy
 break up whole nodes (measured on the multigpu50 mix, docs/placement.md#workload-mixes)."""
 MEMO_LIMIT = 500_000
-"""Memo entries kept before the memo starts over (bounds the extender's memory)."""
+"""Entries each memo keeps, the oldest going first (bounds the extender's memory)."""
 
 
 def free_milli(mem_free: int, core_free: int, mem_total: int, core_total: int) -> int:
@@ -197,10 +198,12 @@ class Fragmentation:
         self._next_steps = sorted(
             task_cpus | {c + step for c in task_cpus for step in self._cpu_steps}
         )
-        self._memo: dict[tuple[object, ...], float] = {}
-        self._copies: dict[tuple[Device, ...], tuple[tuple[int, float], ...]] = {}
-        self._stranded: dict[tuple[int, tuple[Device, ...]], float] = {}
-        self._next: dict[tuple[object, ...], float] = {}
+        self._memo: BoundedMemo[tuple[object, ...], float] = BoundedMemo(MEMO_LIMIT)
+        self._copies: BoundedMemo[tuple[Device, ...], tuple[tuple[int, float], ...]] = BoundedMemo(
+            MEMO_LIMIT
+        )
+        self._stranded: BoundedMemo[tuple[int, tuple[Device, ...]], float] = BoundedMemo(MEMO_LIMIT)
+        self._next: BoundedMemo[tuple[object, ...], float] = BoundedMemo(MEMO_LIMIT)
 
     def of_view(self, view: NodeView) -> float:
         return self.of(models(view), view.cpu_free, devices(view))
@@ -213,9 +216,8 @@ class Fragmentation:
         key = (models, cpu_step, ordered)
         value = self._memo.get(key)  # pragma: no mutate: a memo: a miss only computes again
         if value is None:
-            if len(self._memo) >= MEMO_LIMIT:  # pragma: no mutate: a bound on memory only
-                self._memo.clear()
-            value = self._memo[key] = self._compute(models, cpu_free, ordered)
+            value = self._compute(models, cpu_free, ordered)
+            self._memo.put(key, value)  # pragma: no mutate: a memo: a miss only computes again
         return value
 
     def stranded(self, cpu_free: int | None, devices: Iterable[Device]) -> float:
@@ -232,17 +234,14 @@ class Fragmentation:
             return value
         copies = self._copies.get(ordered)  # pragma: no mutate: a memo: a miss only computes again
         if copies is None:
-            if len(self._copies) >= MEMO_LIMIT:  # pragma: no mutate: a bound on memory only
-                self._copies.clear()
-            copies = self._copies[ordered] = tuple(g.copies(ordered) for g in self._strand_groups)
+            copies = tuple(g.copies(ordered) for g in self._strand_groups)
+            self._copies.put(ordered, copies)  # pragma: no mutate: a miss only computes again
         total = 0.0
         for group, (count, each) in zip(self._strand_groups, copies, strict=True):
             for p, cpu, _ in group.members:
                 if cpu:
                     total += p * max(count - cpu_free // cpu, 0) * each
-        if len(self._stranded) >= MEMO_LIMIT:  # pragma: no mutate: a bound on memory only
-            self._stranded.clear()
-        self._stranded[key] = total  # pragma: no mutate: a memo: a miss only computes again
+        self._stranded.put(key, total)  # pragma: no mutate: a memo: a miss only computes again
         return total
 
     def expected_next(
@@ -274,9 +273,7 @@ class Fragmentation:
                     continue
                 cpu_left = None if cpu_free is None else cpu_free - (cpu or 0)
                 total += p * min(self.of(models, cpu_left, after) for after in afters)
-        if len(self._next) >= MEMO_LIMIT:  # pragma: no mutate: a bound on memory only
-            self._next.clear()
-        self._next[key] = total  # pragma: no mutate: a memo: a miss only computes again
+        self._next.put(key, total)  # pragma: no mutate: a memo: a miss only computes again
         return total
 
     def _afters(self, group: _Group, ordered: tuple[Device, ...]) -> list[list[Device]]:

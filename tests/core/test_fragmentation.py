@@ -277,3 +277,28 @@ def test_expected_next_a_whole_gpu_pod_takes_only_the_gpus_it_asks_for():
     frag = Fragmentation(workload)
     assert frag.of_view(state.view()) == pytest.approx(600)
     assert frag.expected_next(*parts(state)) == pytest.approx(0.7 * 600 + 0.3 * 900)
+
+
+def test_each_answer_is_worked_out_once_and_served_from_the_memo_after(monkeypatch):
+    """A scheduler asks F, stranding and the look-ahead of the same GPUs again and again;
+    the second asking of each must cost a look-up, not the work."""
+    frag = Fragmentation(WORKLOAD)
+    work: list[str] = []
+    compute, afters = frag._compute, frag._afters
+    monkeypatch.setattr(frag, "_compute", lambda *a: work.append("F") or compute(*a))
+    monkeypatch.setattr(frag, "_afters", lambda *a: work.append("next") or afters(*a))
+    copies = type(frag._strand_groups[0]).copies
+    monkeypatch.setattr(
+        type(frag._strand_groups[0]), "copies", lambda g, d: work.append("copies") or copies(g, d)
+    )
+    state = parts(loaded(cpu=2500))
+    first = (frag.of(*state), frag.stranded(*state[1:]), frag.expected_next(*state))
+    done = len(work)
+    assert {"F", "next", "copies"} <= set(work)
+    frag._copies.clear()  # what stranding is made of: only a stranding not kept needs it
+    again = (frag.of(*state), frag.stranded(*state[1:]), frag.expected_next(*state))
+    assert again == first and len(work) == done  # nothing worked out again
+    # Another CPU amount with the same GPUs: the stranding is new, the copies are not.
+    frag.stranded(state[1] - 1000, state[2])
+    frag.stranded(state[1] - 500, state[2])
+    assert work[done:] == ["copies"] * len(frag._strand_groups)  # once per group, once

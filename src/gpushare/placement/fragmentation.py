@@ -214,10 +214,10 @@ class Fragmentation:
         cpu_step = None if cpu_free is None else bisect_right(self._cpu_steps, cpu_free)
         ordered = tuple(sorted(devices))
         key = (models, cpu_step, ordered)
-        value = self._memo.get(key)  # pragma: no mutate: a memo: a miss only computes again
+        value = self._memo.get(key)
         if value is None:
             value = self._compute(models, cpu_free, ordered)
-            self._memo.put(key, value)  # pragma: no mutate: a memo: a miss only computes again
+            self._memo.put(key, value)
         return value
 
     def stranded(self, cpu_free: int | None, devices: Iterable[Device]) -> float:
@@ -229,19 +229,19 @@ class Fragmentation:
             return 0.0
         ordered = tuple(sorted(devices))
         key = (cpu_free, ordered)
-        value = self._stranded.get(key)  # pragma: no mutate: a memo: a miss only computes again
+        value = self._stranded.get(key)
         if value is not None:
             return value
-        copies = self._copies.get(ordered)  # pragma: no mutate: a memo: a miss only computes again
+        copies = self._copies.get(ordered)
         if copies is None:
             copies = tuple(g.copies(ordered) for g in self._strand_groups)
-            self._copies.put(ordered, copies)  # pragma: no mutate: a miss only computes again
+            self._copies.put(ordered, copies)
         total = 0.0
         for group, (count, each) in zip(self._strand_groups, copies, strict=True):
             for p, cpu, _ in group.members:
                 if cpu:
                     total += p * max(count - cpu_free // cpu, 0) * each
-        self._stranded.put(key, total)  # pragma: no mutate: a memo: a miss only computes again
+        self._stranded.put(key, total)
         return total
 
     def expected_next(
@@ -255,7 +255,7 @@ class Fragmentation:
         cpu_step = None if cpu_free is None else bisect_right(self._next_steps, cpu_free)
         ordered = tuple(sorted(devices))
         key = (models, cpu_step, ordered)
-        value = self._next.get(key)  # pragma: no mutate: a memo: a miss only computes again
+        value = self._next.get(key)
         if value is not None:
             return value
         base = self.of(models, cpu_free, ordered)
@@ -273,7 +273,7 @@ class Fragmentation:
                     continue
                 cpu_left = None if cpu_free is None else cpu_free - (cpu or 0)
                 total += p * min(self.of(models, cpu_left, after) for after in afters)
-        self._next.put(key, total)  # pragma: no mutate: a memo: a miss only computes again
+        self._next.put(key, total)
         return total
 
     def _afters(self, group: _Group, ordered: tuple[Device, ...]) -> list[list[Device]]:

@@ -2,6 +2,7 @@
 reports, and the CI check holds a module to the bar or to its record."""
 
 import importlib.util
+import re
 import subprocess
 import sys
 import tomllib
@@ -70,8 +71,9 @@ def test_results_are_grouped_by_module_with_survivors_named(monkeypatch):
         "    gpushare.requestx.x_other__mutmut_1: survived\n"
         "    gpushare.annotation.x_encode__mutmut_1: no tests\n"
     )
-    monkeypatch.setattr(mutation, "mutmut", lambda *args, quiet=False: listing)
-    request, annotation = mutation.scores(["gpushare.request", "gpushare.annotation"])
+    monkeypatch.setattr(mutation, "mutmut", lambda *args, **_: listing)
+    found = mutation.statuses(mutation.suite_space())
+    request, annotation = mutation.scores(["gpushare.request", "gpushare.annotation"], found)
     assert request.statuses == Counter({"killed": 1, "survived": 1})
     assert request.survivors == ["gpushare.request.xǁPodRequestǁdescribe__mutmut_2 (survived)"]
     assert annotation.survivors == ["gpushare.annotation.x_encode__mutmut_1 (no tests)"]
@@ -87,7 +89,7 @@ def test_a_retest_runs_only_the_mutants_not_killed(monkeypatch):
     )
     runs: list[tuple[str, ...]] = []
 
-    def fake(*args: str, quiet: bool = False) -> str:
+    def fake(*args: str, **_: object) -> str:
         if args[0] == "run":
             runs.append(args)
         return listing
@@ -242,31 +244,39 @@ def test_a_run_of_changed_functions_is_judged_with_the_rest_of_the_module_as_rec
     )
 
 
-def test_the_ci_step_runs_only_the_mutants_of_the_changed_functions(tmp_path, monkeypatch):
+def test_the_ci_step_runs_only_the_mutants_of_the_changed_functions(tmp_path, monkeypatch, capsys):
     path = _committed(tmp_path, monkeypatch, MODULE)
     path.write_text(MODULE.replace("return self.size + by", "return self.size - by"))
     monkeypatch.setattr(mutation, "scope", lambda: ["src/gpushare/*.py"])
+    monkeypatch.setattr(mutation, "test_reach", lambda graph: {})  # no test imports it
     runs: list[tuple[str, ...]] = []
 
-    def fake(*args: str, quiet: bool = False) -> str:
+    def fake(*args: str, **_: object) -> str:
         runs.append(args)
-        return "    gpushare.shape.xǁShapeǁgrow__mutmut_1: killed\n"
+        return (
+            "    gpushare.shape.xǁShapeǁgrow__mutmut_1: killed\n"
+            "    gpushare.shape.x_parse__mutmut_1: not checked\n"
+        )
 
     monkeypatch.setattr(mutation, "mutmut", fake)
     monkeypatch.setattr(mutation, "RECORD", tmp_path / "scores.json")
     monkeypatch.setattr(sys, "argv", ["mutation", "--changed-since", "HEAD", "--check"])
     assert mutation.main() == 0
-    assert runs[0] == ("run", "--max-children", "2", "gpushare.shape.xǁShapeǁgrow__mutmut_*")
+    assert [r for r in runs if r[0] != "results"] == [
+        ("prepare", "2"),
+        ("run", "--max-children", "2", "gpushare.shape.xǁShapeǁgrow__mutmut_1"),
+    ]
+    assert re.search(r"mutation: \d+ s of the 1800 s budget", capsys.readouterr().out)
 
 
 def test_functions_without_mutants_are_reported_not_failed(monkeypatch, capsys):
     refused = subprocess.CompletedProcess(
         [], 1, stdout=None, stderr=f"AssertionError: {mutation._NO_MATCH}\n\nFilter: ..."
     )
-    monkeypatch.setattr(mutation.subprocess, "run", lambda *a, **k: refused)
+    monkeypatch.setattr(mutation, "_call", lambda *a, **k: (refused, False))
     assert mutation.mutmut("run", "gpushare.shape.x_parse__mutmut_*") == ""
     assert "the functions named have no mutants" in capsys.readouterr().out
     broken = subprocess.CompletedProcess([], 1, stdout=None, stderr="Traceback: boom")
-    monkeypatch.setattr(mutation.subprocess, "run", lambda *a, **k: broken)
+    monkeypatch.setattr(mutation, "_call", lambda *a, **k: (broken, False))
     with pytest.raises(SystemExit, match="boom"):
         mutation.mutmut("run", "gpushare.shape.x_parse__mutmut_*")

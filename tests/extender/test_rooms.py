@@ -214,3 +214,44 @@ def test_inspect_lists_the_pods_waiting_for_room():
 
 def _encoded(m: ClusterMirror, name: str, mem: int) -> dict[str, str]:
     return annotation.encode(allocation(m, name, mem))
+
+
+def test_a_damaged_record_wakes_its_worker_once_with_what_is_wrong():
+    cache = SchedulerCache()
+    woken: list[int] = []
+    cache.on_damaged = lambda: woken.append(1)
+    cache.replace_nodes([node("n", "1x16GiB")])
+    cache.replace_pods([])
+    cache.apply_pod(EventType.ADDED, pod("p", mem=1, annotations=DAMAGED))
+    cache.apply_pod(EventType.MODIFIED, pod("p", mem=1, annotations=DAMAGED))
+    [(key, uid, problem)] = cache.take_damaged()
+    assert (key, uid, woken) == ("default/p", "uid-p", [1])
+    assert "not a JSON object" in problem
+    cache.apply_pod(EventType.MODIFIED, pod("p", mem=1))  # repaired
+    cache.apply_pod(EventType.MODIFIED, pod("p", mem=1, annotations=DAMAGED))
+    assert [k for k, _, _ in cache.take_damaged()] == ["default/p"] and woken == [1, 1]
+
+
+def test_a_refused_pod_the_api_says_is_gone_waits_no_more():
+    cache = SchedulerCache()
+    cache.replace_nodes([node("n", "1x16GiB")])
+    cache.replace_pods([])
+    cache.filter(PendingPod("default/huge", "uid-huge", request(mem=20), None, 0), ["n"])
+    cache.forget_refused("default/huge", "uid-other")  # another pod of that name
+    assert cache.details().waiting == ("default/huge",)
+    cache.forget_refused("default/huge", "uid-huge")
+    assert cache.details().waiting == ()
+
+
+def test_node_details_are_those_of_a_known_node_or_none():
+    cache = SchedulerCache()
+    cache.replace_nodes([node("n", "2x16GiB"), node("broken", "2x16GiB")])
+    cache.replace_pods([])
+    broken = node("broken", "2x16GiB")
+    broken.metadata.annotations["gpushare.io/gpus"] = "{"
+    cache.apply_node(EventType.MODIFIED, broken)
+    details = cache.node_details("n")
+    assert details is not None and details.name == "n" and len(details.gpus) == 2
+    unreadable = cache.node_details("broken")
+    assert unreadable is not None and unreadable.problem and not unreadable.gpus
+    assert cache.node_details("nowhere") is None

@@ -2,7 +2,6 @@
 importing the modules changed), its retry on the whole suite where those kill less
 than the record says, and its time budget (a fixed sample, a hard stop)."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,12 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("mutation", ROOT / "scripts" / "mutation.py")
-assert _spec is not None and _spec.loader is not None
-mutation = importlib.util.module_from_spec(_spec)
-sys.modules["mutation"] = mutation
-_spec.loader.exec_module(mutation)
+from tests.test_mutation_scope import ROOT, mutation  # scripts/mutation.py, loaded once
 
 # A checkout: src/gpushare/{a,b,c,d,e,f}.py and tests/ that reach them in each way.
 FILES = {

@@ -40,12 +40,12 @@ from gobuild import go_build
 
 from gpushare import annotation
 from gpushare.cluster.memory import MemoryCluster, gpu_node
-from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
-from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from gpushare.deviceplugin.backends.mock import MockBackend
 from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpushare.deviceplugin.registration import SOCKET_NAMES
+from gpushare.gpunode.backends.mock import MockBackend
 from gpushare.inventory import node_gpus, parse_layout
+from gpushare.kubeletapi.deviceplugin.v1beta1 import api_pb2 as pb
+from gpushare.kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from gpushare.objects import Pod
 from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.request import parse_pod_request

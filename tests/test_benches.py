@@ -70,3 +70,33 @@ def test_bind_bench_holds_bind_p50_near_its_record():
         assert sum(line.startswith(f"{verb:<11} p50") for line in lines) == 1, run.stdout
     assert any(line.startswith("extender CPU per pod") for line in lines), run.stdout
     assert lines[-1].startswith("bind p50") and lines[-1].endswith("PASS"), run.stdout
+
+
+def test_dra_placement_bench_prints_every_system():
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "dra_placement_bench.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {line.split()[0]: line.split() for line in run.stdout.splitlines() if line[:2] == "  "}
+    systems = {"device-plugin", "dra", "dra@stock", "dra+score", "dra+order", "dra+fullest"}
+    assert set(rows) == {"system", *systems}, run.stdout
+    assert all(len(row) == len(rows["system"]) for row in rows.values()), run.stdout
+    # dra+order rewrites the slice once per GPU pod placed; without reordering, never.
+    writes = rows["system"].index("writes/pod")
+    assert rows["dra+order"][writes] == "1.00" and rows["dra+score"][writes] == "0.00", run.stdout
+
+
+def test_dra_mechanism_bench_finds_kep_5004_splitting_pods_and_ours_not():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "dra_mechanism_bench.py"), "--pods", "200"],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    rows = [line.split() for line in done.stdout.splitlines() if " ours " in f" {line} "]
+    assert len(rows) == 3
+    assert all(row[row.index("ours") + 5] == "0" for row in rows)  # never split
+    per_gib = [line for line in done.stdout.splitlines() if "kep-5004" in line]
+    assert len(per_gib) == 3 and all("( 0.0%)" not in line for line in per_gib)

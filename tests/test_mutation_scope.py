@@ -25,7 +25,11 @@ def test_every_module_of_the_core_is_in_the_mutation_scope():
     package = ROOT / "src" / "gpushare"
     core = {
         str(p.relative_to(ROOT))
-        for p in [*package.glob("*.py"), *(package / "placement").glob("*.py")]
+        for p in [
+            *package.glob("*.py"),
+            *(package / "placement").glob("*.py"),
+            *(package / "dra").glob("*.py"),
+        ]
         if p.name != "__init__.py"
     }
     assert "src/gpushare/placement/fit.py" in core

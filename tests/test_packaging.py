@@ -14,8 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 COMPONENTS = (
-    "cli", "commandline", "deviceplugin", "extender", "isolation",
-    "kubecluster", "nodeflags", "nvmllib", "simulator", "standins",
+    "cli", "commandline", "deviceplugin", "draplugin", "extender", "gpunode", "isolation",
+    "kubecluster", "kubeletapi", "nodeflags", "nvmllib", "simulator", "standins",
 )  # fmt: skip
 
 

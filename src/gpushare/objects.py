@@ -21,6 +21,11 @@ def _quantities(value: Any) -> Any:
 Quantities = Annotated[dict[str, str], BeforeValidator(_quantities)]
 
 
+def _empty(value: object) -> bool:
+    """Fields the API omits when empty (DRA's lists), left out of manifests too."""
+    return not value
+
+
 class K8sModel(BaseModel):
     model_config = ConfigDict(
         frozen=True, populate_by_name=True, alias_generator=to_camel, extra="ignore"
@@ -41,9 +46,19 @@ class ObjectMeta(K8sModel):
     deletion_timestamp: datetime | None = None
 
 
+class ContainerClaim(K8sModel):
+    """A container's use of one of the pod's resource claims (DRA)."""
+
+    name: str
+    """The pod's claim name (`spec.resourceClaims[].name`)."""
+    request: str = ""
+    """One request of that claim; empty for all of them."""
+
+
 class ResourceRequirements(K8sModel):
     limits: Quantities = Field(default_factory=dict)
     requests: Quantities = Field(default_factory=dict)
+    claims: list[ContainerClaim] = Field(default_factory=list, exclude_if=_empty)
 
 
 class EnvVar(K8sModel):
@@ -59,6 +74,15 @@ class Container(K8sModel):
     env: list[EnvVar] = Field(default_factory=list)
 
 
+class PodResourceClaim(K8sModel):
+    """A claim the pod uses: an existing ResourceClaim, or one made per pod from a
+    template (its name then is in the pod's status)."""
+
+    name: str
+    resource_claim_name: str | None = None
+    resource_claim_template_name: str | None = None
+
+
 class PodSpec(K8sModel):
     containers: list[Container] = Field(default_factory=list)
     init_containers: list[Container] = Field(default_factory=list)
@@ -66,6 +90,7 @@ class PodSpec(K8sModel):
     scheduler_name: str | None = None
     priority: int | None = None
     """Set by the API server from priorityClassName; nil counts as 0."""
+    resource_claims: list[PodResourceClaim] = Field(default_factory=list, exclude_if=_empty)
 
     def container(
         self, index: int, name: str | None = None, init: bool = False
@@ -78,8 +103,17 @@ class PodSpec(K8sModel):
         return next((c for c in group if c.name == name), None) if name is not None else None
 
 
+class PodResourceClaimStatus(K8sModel):
+    name: str
+    resource_claim_name: str | None = None
+    """The ResourceClaim made for the pod from a template; None when none was needed."""
+
+
 class PodStatus(K8sModel):
     phase: str | None = None
+    resource_claim_statuses: list[PodResourceClaimStatus] = Field(
+        default_factory=list, exclude_if=_empty
+    )
 
 
 class Pod(K8sModel):
@@ -90,6 +124,22 @@ class Pod(K8sModel):
     @property
     def key(self) -> str:
         return f"{self.metadata.namespace}/{self.metadata.name}"
+
+    def claim_users(self, claim: str, request: str) -> list[str]:
+        """The names of the containers (init containers first, as they start) that use
+        `request` of the ResourceClaim named `claim`: those naming that request, or the
+        whole claim."""
+        pod_claims = {
+            c.name for c in self.spec.resource_claims if c.resource_claim_name == claim
+        } | {s.name for s in self.status.resource_claim_statuses if s.resource_claim_name == claim}
+        return [
+            c.name
+            for c in (*self.spec.init_containers, *self.spec.containers)
+            if any(
+                use.name in pod_claims and use.request in ("", request)
+                for use in c.resources.claims
+            )
+        ]
 
     @property
     def is_finished(self) -> bool:

@@ -1,11 +1,12 @@
 """What a component asks of the API server, derived from its code.
 
-A component reaches the API only through the cluster port (`gpushare.cluster.Cluster`),
-whose Kubernetes adapter is `KubeCluster`. So what it needs is:
+A component reaches the API only through the cluster ports (`gpushare.cluster.Cluster`
+and, for resource.k8s.io, `gpushare.cluster.DraCluster`), whose Kubernetes adapter is
+`KubeCluster`. So what it needs is:
 
 - which port methods its package calls: read from its source (every attribute of a
-  receiver named `cluster`, `_cluster`, `self.cluster` ... that names a port method,
-  called or handed on, as the watch caches get `cluster.list_pods`);
+  receiver named `cluster`, `_cluster`, `self.cluster`, or `dra`, `self._dra` ... that
+  names a port method, called or handed on, as the watch caches get `cluster.list_pods`);
 - which requests the adapter makes for each method: recorded from the adapter itself,
   talking through the official client to a stand-in server that answers every request
   alike, once with each status the adapter treats apart (200, 404, 409, 410), so the
@@ -28,7 +29,14 @@ from urllib.parse import parse_qs, urlsplit
 import urllib3
 from kubernetes import client
 
-from gpushare.cluster import Cluster, ClusterError, EventSeverity, ObjectRef
+from gpushare.cluster import Cluster, ClusterError, DraCluster, EventSeverity, ObjectRef
+from gpushare.dra.objects import (
+    ObjectMeta,
+    ResourceClaimTemplate,
+    ResourcePool,
+    ResourceSlice,
+    ResourceSliceSpec,
+)
 from gpushare.kubecluster import KubeCluster
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "gpushare"
@@ -45,8 +53,8 @@ def _public(cls: type) -> set[str]:
     return {name for name, _ in inspect.getmembers(cls, inspect.isfunction) if name[0] != "_"}
 
 
-PORT_METHODS = frozenset(_public(Cluster) | _public(KubeCluster))
-"""The port's methods and the adapter's own (what `uninstall-cleanup` deletes)."""
+PORT_METHODS = frozenset(_public(Cluster) | _public(DraCluster) | _public(KubeCluster))
+"""The ports' methods and the adapter's own (what `uninstall-cleanup` deletes)."""
 
 ANSWERS = (200, 404, 409, 410)
 
@@ -61,6 +69,16 @@ SAMPLE_ARGUMENTS: Mapping[str, Any] = {
     "severity": EventSeverity.NORMAL,
     "reason": "Reason",
     "message": "message",
+    "driver": "gpu.gpushare.io",
+    "resource_slice": ResourceSlice(
+        metadata=ObjectMeta(name="node-a-gpu.gpushare.io-x"),
+        spec=ResourceSliceSpec(
+            driver="gpu.gpushare.io",
+            pool=ResourcePool(name="node-a", resource_slice_count=1),
+            node_name="node-a",
+        ),
+    ),
+    "template": ResourceClaimTemplate(metadata=ObjectMeta(name="gpushare-x", namespace="ns")),
 }
 """An argument for each parameter name of a port method. A method with a parameter
 not named here fails `adapter_grants`: add it, and the method's requests are derived."""
@@ -140,11 +158,14 @@ def adapter_grants(method: str) -> frozenset[Grant]:
 
 
 def _names_a_cluster(receiver: ast.expr) -> bool:
+    """`cluster`, `self._cluster`, `kube_cluster` ...; `dra`, `self._dra` (DraCluster)."""
     if isinstance(receiver, ast.Name):
-        return receiver.id.lower().endswith("cluster")
-    if isinstance(receiver, ast.Attribute):
-        return receiver.attr.lower().endswith("cluster")
-    return False
+        name = receiver.id.lower()
+    elif isinstance(receiver, ast.Attribute):
+        name = receiver.attr.lower()
+    else:
+        return False
+    return name.endswith("cluster") or name.lstrip("_") == "dra"
 
 
 def port_references(source: str) -> tuple[set[str], set[str]]:

@@ -75,6 +75,11 @@ VALUE_SETS = {
     "network-policy": {"networkPolicy": {"enabled": True, "apiServerCidrs": ["10.0.0.0/24"]}},
     "runtime-class": {"gpu": {"runtimeClassName": "nvidia"}},
     "driver-root": {"gpu": {"driverRoot": "/run/nvidia/driver"}},
+    "dra": {"dra": {"enabled": True}},
+    "dra-mock-whole-gpus": {
+        "dra": {"enabled": True, "sharing": False},
+        "gpu": {"backend": "mock", "mockGpus": "1x24GiB:A10"},
+    },
     "minimal": {
         "isolation": {"enabled": False},
         "webhook": {"enabled": False},
@@ -1442,7 +1447,13 @@ CONTRACT_FLAGS = {
         {"--scheduler-address", "--host", "--port", "--ops-port", "--url-prefix", "--webhook-port",
          "--tls-cert-file",
          "--tls-key-file", "--scheduler-name", "--extra-scheduler-names", "--default-placement",
-         "--max-pods-per-gpu", "--kubeconfig", "--log-level"},
+         "--max-pods-per-gpu", "--kubeconfig", "--log-level", "--dra-claims"},
+    ),
+    "gpushare-dra-plugin": (
+        "gpushare.draplugin.main",
+        {"--node-name", "--kubelet-root", "--cdi-dir", "--state-dir", "--backend", "--mock-gpus",
+         "--gpu-memory-rounding", "--dev-root", "--interposer-dir", "--sharing",
+         "--metrics-port", "--kubeconfig", "--log-level"},
     ),
     "gpushare-isolation": (
         "gpushare.isolation.main",
@@ -1453,9 +1464,13 @@ CONTRACT_FLAGS = {
 }  # fmt: skip
 
 
+CONTRACT_VALUE_SETS = ("defaults", "mock-backend", "dra", "dra-mock-whole-gpus")
+"""Between them, every flag the chart passes each entry point (nvml and mock, DRA mode)."""
+
+
 def chart_commands(values: dict) -> dict[str, set[str]]:
     rendered = render(values)
-    pods = [rendered.one("DaemonSet"), rendered.one("Deployment")]
+    pods = [*rendered.all("DaemonSet"), rendered.one("Deployment")]
     used: dict[str, set[str]] = {}
     for pod in pods:
         for c in pod["spec"]["template"]["spec"]["containers"]:
@@ -1477,7 +1492,10 @@ def test_each_entry_point_accepts_the_flags_the_chart_passes(command):
         importlib.util.find_spec(module)
     ):
         pytest.skip(f"{module} is not in this tree yet; the chart follows the contract flags")
-    used = chart_commands(VALUE_SETS["mock-backend"])[command] | chart_commands({})[command]
+    used = set().union(
+        *(chart_commands(VALUE_SETS[name]).get(command, set()) for name in CONTRACT_VALUE_SETS)
+    )
+    assert used, f"no value set starts {command}"
     result = subprocess.run(
         [
             sys.executable,

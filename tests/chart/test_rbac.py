@@ -1,5 +1,7 @@
 """The chart's RBAC is exactly what the components' code asks of the API server:
-a new call without a rule fails here, and so does a rule no call needs."""
+a new call without a rule fails here, and so does a rule no call needs. In DRA mode
+(dra.enabled) the DRA driver's account and the extender's resource.k8s.io calls count
+too (DRA-INTERFACES §8)."""
 
 import pytest
 
@@ -15,8 +17,10 @@ from tests.chart.api_access import (
 )
 from tests.chart.rendering import FULLNAME, render
 
-COMPONENTS = ("deviceplugin", "extender")
+COMPONENTS = ("deviceplugin", "extender", "draplugin")
 DEVICE_PLUGIN = f"{FULLNAME}-device-plugin"
+DRA_PLUGIN = f"{FULLNAME}-dra-plugin"
+RESOURCE = "resource.k8s.io"
 
 NOT_THE_CLUSTER: dict[str, set[str]] = {}
 """Per component package, port method names its code calls on something that is not
@@ -26,6 +30,17 @@ the cluster (none today). The scan counts a call only on a receiver named `clust
 @pytest.fixture(scope="module")
 def default():
     return render()
+
+
+@pytest.fixture(scope="module")
+def dra():
+    return render({"dra": {"enabled": True}}, kube_version="v1.36.0")
+
+
+def dra_mode_only(grants: frozenset[Grant]) -> frozenset[Grant]:
+    """The extender's resource.k8s.io calls: its --dra-claims webhook's, which the chart
+    passes only in DRA mode (tests/chart/test_dra.py)."""
+    return frozenset(g for g in grants if g.group == RESOURCE)
 
 
 def test_each_port_method_makes_the_requests_rbac_must_allow():
@@ -39,6 +54,14 @@ def test_each_port_method_makes_the_requests_rbac_must_allow():
         Grant("", "pods", "get"),
     }
     assert adapter_grants("delete_lease") == {Grant("coordination.k8s.io", "leases", "delete")}
+    # The DRA port: a node's slices go as one collection.
+    assert adapter_grants("delete_resource_slices") == {
+        Grant(RESOURCE, "resourceslices", "deletecollection")
+    }
+    assert adapter_grants("get_resource_claim") == {Grant(RESOURCE, "resourceclaims", "get")}
+    assert adapter_grants("create_resource_claim_template") == {
+        Grant(RESOURCE, "resourceclaimtemplates", "create")
+    }
 
 
 def test_a_scoped_list_or_watch_carries_its_field_selector():
@@ -47,18 +70,26 @@ def test_a_scoped_list_or_watch_carries_its_field_selector():
     assert nodes and all("fieldSelector=metadata.name%3Dnode-a" in url for url in nodes)
     pods = [url for _, url in adapter_requests("list_pods")]
     assert pods and all("fieldSelector=spec.nodeName%3Dnode-a" in url for url in pods)
+    for method in ("list_resource_slices", "delete_resource_slices"):
+        slices = [url for _, url in adapter_requests(method)]
+        assert slices and all(
+            "spec.driver%3Dgpu.gpushare.io" in url and "spec.nodeName%3Dnode-a" in url
+            for url in slices
+        ), method
 
 
 def test_the_scan_counts_every_use_of_the_cluster_and_nothing_else():
     source = """
-def run(cluster, cache):
+def run(cluster, cache, dra, drawer):
     cluster.get_pod("ns", "a")
     handlers = (self._cluster.list_pods, self.cluster.watch_pods)
     cache.get_node("n")
+    self._dra.get_resource_claim("ns", "c")
+    drawer.list_resource_slices()
 """
     on_cluster, elsewhere = port_references(source)
-    assert on_cluster == {"get_pod", "list_pods", "watch_pods"}
-    assert elsewhere == {"get_node"}
+    assert on_cluster == {"get_pod", "list_pods", "watch_pods", "get_resource_claim"}
+    assert elsewhere == {"get_node", "list_resource_slices"}
 
 
 @pytest.mark.parametrize("package", COMPONENTS)
@@ -94,5 +125,31 @@ def test_device_plugin_holds_no_other_role(default):
 def test_extender_rules_are_exactly_its_calls(default):
     """The extender's own role; kube-scheduler in the same pod has the built-in ones."""
     role = default.one("ClusterRole", f"{FULLNAME}-scheduler-extender")
+    calls = needed("extender")
+    granted, wanted = rule_grants(role["rules"]), calls - dra_mode_only(calls)
+    assert granted == wanted, difference(granted, wanted)
+
+
+def test_extender_rules_in_dra_mode_are_exactly_its_calls(dra):
+    role = dra.one("ClusterRole", f"{FULLNAME}-scheduler-extender")
     granted, wanted = rule_grants(role["rules"]), needed("extender")
     assert granted == wanted, difference(granted, wanted)
+    # and DRA mode adds the claim templates its webhook makes.
+    assert dra_mode_only(wanted) == {Grant(RESOURCE, "resourceclaimtemplates", "create")}
+
+
+def test_dra_driver_rules_are_exactly_its_calls(dra):
+    role = dra.one("ClusterRole", DRA_PLUGIN)
+    granted, wanted = rule_grants(role["rules"]), needed("draplugin")
+    assert granted == wanted, difference(granted, wanted)
+    # and that is: its node's slices, the claims it prepares, its Node and their pods.
+    assert {g.resource for g in wanted} == {"resourceslices", "resourceclaims", "nodes", "pods"}
+
+
+def test_dra_driver_holds_no_other_role(dra):
+    bound = [
+        b["roleRef"]["name"]
+        for b in [*dra.all("ClusterRoleBinding"), *dra.all("RoleBinding")]
+        if any(s["name"] == DRA_PLUGIN for s in b["subjects"])
+    ]
+    assert bound == [DRA_PLUGIN]

@@ -33,6 +33,18 @@ def test_demo_places_every_valid_example_and_refuses_the_invalid_one(capsys):
     assert "multiple of 5, got 33" in out
 
 
+def test_demo_runs_the_examples_in_dra_mode_too(capsys):
+    assert main(["demo"]) == 0
+    dra = capsys.readouterr().out.split("DRA mode on gpu-node-dra")[1]
+    assert "published 2 shareable GPU(s) (cores, memory, shares)" in dra
+    assert "default/two-containers: claim two-containers-gpushare allocated:" in dra
+    assert "default/core-33: refused by the webhook" in dra
+    server = dra.split("container server:")[1]
+    assert "ALIYUN_COM_GPU_MEM_CONTAINER=4" in server and "ALIYUN_COM_GPU_MEM_POD=6" in server
+    trainer = dra.split("default/exclusive-gpu:")[1].split("default/")[0]
+    assert "CGPU_DISABLE=true" in trainer
+
+
 def test_demo_without_examples_says_how_to_fix_it(tmp_path, capsys):
     assert main(["demo", "--examples", str(tmp_path / "missing")]) == 1
     assert f"gpushare demo: --examples {tmp_path / 'missing'}: does not exist" in (

@@ -7,7 +7,6 @@ import grpc
 import pytest
 
 from gpushare.deviceplugin.allocator import AllocationRefused
-from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpushare.environment import (
     CGPU_DISABLE,
     CONTAINER,
@@ -18,6 +17,7 @@ from gpushare.environment import (
     NVIDIA_VISIBLE_DEVICES,
     POD,
 )
+from gpushare.kubeletapi.deviceplugin.v1beta1 import api_pb2 as pb
 from gpushare.resources import GPU_CORE, GPU_COUNT, GPU_MEM
 from gpushare.standins.kubelet import AdmissionFailed
 from tests.builders import container

@@ -13,11 +13,11 @@ import pytest
 
 from gpushare.cluster import ClusterError
 from gpushare.cluster.memory import MemoryCluster, MemoryWatch
-from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
-from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from gpushare.deviceplugin.plugin import WATCH_BACKOFF
 from gpushare.deviceplugin.worker import start_daemon
 from gpushare.environment import POD
+from gpushare.kubeletapi.deviceplugin.v1beta1 import api_pb2 as pb
+from gpushare.kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from gpushare.resources import GPU_COUNT, GPU_MEM
 from tests.deviceplugin.rig import WAIT, Rig, allocate, eventually, plugin_client
 

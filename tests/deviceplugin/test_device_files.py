@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pynvml
 
-from gpushare.deviceplugin.backends.mock import MockBackend
-from gpushare.deviceplugin.backends.nvml import NvmlBackend
-from gpushare.deviceplugin.backends.port import DeviceNode, PhysicalGpu
+from gpushare.gpunode.backends.mock import MockBackend
+from gpushare.gpunode.backends.nvml import NvmlBackend
+from gpushare.gpunode.backends.port import DeviceNode, PhysicalGpu
 from gpushare.inventory import Gpu
 from gpushare.resources import GPU_CORE
 

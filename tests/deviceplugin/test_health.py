@@ -2,8 +2,8 @@
 
 import json
 
-from gpushare.deviceplugin.backends.health import APPLICATION_XIDS, XidHealth, is_critical_xid
 from gpushare.deviceplugin.devices import HEALTHY, UNHEALTHY
+from gpushare.gpunode.backends.health import APPLICATION_XIDS, XidHealth, is_critical_xid
 from gpushare.inventory import NODE_GPUS_ANNOTATION
 from gpushare.resources import GPU_COUNT, GPU_MEM
 from tests.deviceplugin.rig import WAIT, eventually

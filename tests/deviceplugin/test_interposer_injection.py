@@ -1,7 +1,7 @@
 """Allocate loads the CUDA interposer into containers whose memory is capped: the library,
 the preload file and the container's grant (what the node decided) read-only, the grant's
 own accounting directory read-write, and GPUSHARE_CUDA_REGION naming the region in it
-(deviceplugin/interposer.py)."""
+(gpunode/interposer.py)."""
 
 import logging
 from pathlib import Path
@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from gpushare import grant as grants
-from gpushare.deviceplugin.interposer import InterposerMounts, grant_mounted
 from gpushare.environment import (
     ACCOUNTING_DIR_IN_CONTAINER,
     CUDA_REGION,
@@ -17,6 +16,7 @@ from gpushare.environment import (
     INTERPOSER_IN_CONTAINER,
     ContainerLimits,
 )
+from gpushare.gpunode.interposer import InterposerMounts, grant_mounted
 from gpushare.resources import GPU_CORE, GPU_MEM
 from tests.builders import container, pod
 from tests.deviceplugin.rig import eventually

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from gpushare.deviceplugin.backends.mock import MockBackend
+from gpushare.gpunode.backends.mock import MockBackend
 from gpushare.inventory import parse_layout
 from tests.deviceplugin.rig import eventually
 

@@ -8,9 +8,9 @@ import pytest
 
 from gpushare import annotation
 from gpushare.cluster.memory import MemoryCluster, gpu_node
-from gpushare.deviceplugin.backends.nvml import NvmlBackend
 from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpushare.environment import NVIDIA_VISIBLE_DEVICES
+from gpushare.gpunode.backends.nvml import NvmlBackend
 from gpushare.inventory import node_gpus
 from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.request import parse_pod_request

@@ -16,10 +16,10 @@ import pytest
 
 from gpushare.cli.inspect import collect, summary
 from gpushare.cluster.memory import MemoryCluster, gpu_node
-from gpushare.deviceplugin.backends.nvml import NvmlBackend
-from gpushare.deviceplugin.backends.port import HealthChange
 from gpushare.deviceplugin.main import build_backend, build_parser, run
 from gpushare.environment import MEM_CONTAINER, MEM_DEV, NVIDIA_VISIBLE_DEVICES
+from gpushare.gpunode.backends.nvml import NvmlBackend
+from gpushare.gpunode.backends.port import HealthChange
 from gpushare.inventory import (
     NODE_GPUS_ANNOTATION,
     Gpu,
@@ -56,7 +56,7 @@ def t4s(count: int) -> list[FakeGpu]:
 @pytest.fixture
 def driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDriver]:
     """Two T4s; the health watch waits at most 20 ms for an event between its checks."""
-    monkeypatch.setattr("gpushare.deviceplugin.backends.nvml._WAIT_MS", 20)
+    monkeypatch.setattr("gpushare.gpunode.backends.nvml._WAIT_MS", 20)
     with fake_driver(tmp_path, World(t4s(2))) as driver:
         yield driver
 
@@ -183,7 +183,7 @@ def test_a_double_bit_ecc_error_takes_its_gpu_out(driver):
 
 def test_application_xids_are_logged_and_ignored(driver, caplog):
     with (
-        caplog.at_level(logging.INFO, logger="gpushare.deviceplugin.backends.nvml"),
+        caplog.at_level(logging.INFO, logger="gpushare.gpunode.backends.nvml"),
         watching(driver, NvmlBackend(pynvml)) as changes,
     ):
         driver.world.events += [Event.xid(0, 13), Event.xid(0, 31), Event.xid(1, 43)]
@@ -269,7 +269,7 @@ def test_a_gpu_without_health_events_stays_healthy_and_says_so(driver, caplog):
     driver.world.failures.append(Failure("nvmlDeviceRegisterEvents", "NOT_SUPPORTED", gpu=0))
     driver.write()
     with (
-        caplog.at_level(logging.WARNING, logger="gpushare.deviceplugin.backends.nvml"),
+        caplog.at_level(logging.WARNING, logger="gpushare.gpunode.backends.nvml"),
         watching(driver, NvmlBackend(pynvml)) as changes,
     ):
         driver.world.events += [Event.xid(0, 79), Event.xid(1, 79)]
@@ -307,7 +307,7 @@ def test_another_process_finds_the_fake_through_its_environment(tmp_path):
     write_world(world, World(t4s(4)))
     env = nvml_env(fake_nvml_or_skip(), world)
     program = (
-        "from gpushare.deviceplugin.backends.nvml import NvmlBackend\n"
+        "from gpushare.gpunode.backends.nvml import NvmlBackend\n"
         "from gpushare.nvmllib import bindings\n"
         "found = NvmlBackend(bindings()).discover()\n"
         "print([(g.gpu.uuid, g.gpu.mem, g.minor) for g in found])\n"

@@ -9,11 +9,11 @@ import grpc
 from gpushare import annotation
 from gpushare import grant as grants
 from gpushare.cluster import EventSeverity
-from gpushare.deviceplugin.api.kubelet.podresources.v1 import api_pb2 as pr
-from gpushare.deviceplugin.api.kubelet.podresources.v1 import api_pb2_grpc as pr_grpc
 from gpushare.deviceplugin.podresources import holdings, list_pod_resources
 from gpushare.deviceplugin.reconcile import EVENT_REASON
 from gpushare.environment import GRANT_IN_CONTAINER, MEM_IDX, NVIDIA_VISIBLE_DEVICES, POD
+from gpushare.kubeletapi.podresources.v1 import api_pb2 as pr
+from gpushare.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 from gpushare.resources import GPU_CORE, GPU_MEM, MANAGED_RESOURCES
 from tests.deviceplugin.rig import WAIT, eventually
 

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pynvml
 import pytest
 
-from gpushare.deviceplugin.backends.nvml import NvmlBackend
-from gpushare.deviceplugin.backends.port import PhysicalGpu
 from gpushare.deviceplugin.rediscovery import reconcile
+from gpushare.gpunode.backends.nvml import NvmlBackend
+from gpushare.gpunode.backends.port import PhysicalGpu
 from gpushare.inventory import NODE_GPUS_ANNOTATION, Gpu, decode_gpus, parse_layout
 from gpushare.resources import GPU_COUNT, GPU_MEM
 from tests.deviceplugin.rig import Rig, eventually

@@ -6,8 +6,9 @@ do. Lists behave as the API server's: with resourceVersion=0 its watch cache ans
 whole, ignoring `limit`; otherwise (or with the watch cache off) etcd answers
 `limit` objects a page, with a `continue` token for the rest of the same snapshot,
 and a token can be made to expire (410) as etcd compaction does. Leases and Secrets
-are plain stored objects (get, delete). It records every request, can be told to
-fail the next few, and to refuse some as RBAC would.
+are plain stored objects (get, delete); the resource.k8s.io/v1 routes of DRA mode are
+in draroutes.py. It records every request, can be told to fail the next few, and to
+refuse some as RBAC would.
 """
 
 import base64
@@ -27,6 +28,7 @@ import yaml
 
 from gpushare.cluster import AlreadyBound, Conflict, Expired, NotFound
 from gpushare.cluster.memory import MemoryCluster
+from tests.kubecluster import draroutes
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Seen:
     query: dict[str, list[str]]
     content_type: str
     body: Any
+    authorization: str = ""
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,8 @@ class ApiServer:
         if (query.get("watch") or [""])[0] == "true":
             self.watch_gate.wait(10)
         parts = path.strip("/").split("/")
+        if parts[:3] == draroutes.PREFIX:
+            return draroutes.serve(self.cluster, method, parts[3:], query, body)
         if parts[:2] != ["api", "v1"]:
             return 404, status(404, "NotFound", f"no route {path}")
         rest = parts[2:]
@@ -350,7 +355,14 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
             raw = self.rfile.read(length) if length else b""
             body = json.loads(raw) if raw else None
             api.requests.append(
-                Seen(method, url.path, query, self.headers.get("Content-Type", ""), body)
+                Seen(
+                    method,
+                    url.path,
+                    query,
+                    self.headers.get("Content-Type", ""),
+                    body,
+                    self.headers.get("Authorization", ""),
+                )
             )
             code, answer = api.handle(method, url.path, query, body)
             if isinstance(answer, dict):
@@ -399,6 +411,9 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
 
         def do_PATCH(self) -> None:
             self._serve("PATCH")
+
+        def do_PUT(self) -> None:
+            self._serve("PUT")
 
         def do_DELETE(self) -> None:
             self._serve("DELETE")

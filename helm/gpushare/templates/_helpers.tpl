@@ -240,3 +240,306 @@ kept with --reuse-values) counts as on. */}}
 {{- $wanted := ne (toString .Values.devicePlugin.ownNodePolicy) "false" -}}
 {{- if and $wanted (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) }}true{{ end -}}
 {{- end }}
+
+{{/* ----- The GPU node pods: the node DaemonSet (device plugin) and, in DRA mode, the
+DRA DaemonSet (the DRA driver) share the isolation agent, the host volumes and how a
+kubelet plugin container runs. */}}
+
+{{/* The nodeSelectorTerms of the GPU-sharing nodes: the mode label, or one of the
+legacy labels (terms are ORed). (dict "driver" "In"|"NotIn"|""): with In or NotIn,
+each term also asks gpushare.io/driver to be (or not be) dra, so a node runs the
+device plugin or the DRA driver, never both: the two would advertise the same GPUs. */}}
+{{- define "gpushare.gpuNodeTerms" -}}
+{{- $driver := .driver -}}
+{{- range $term := list
+  (dict "key" "ack.node.gpu.schedule" "values" "[share, cgpu, core_mem]")
+  (dict "key" "gpushare" "values" "[\"true\"]")
+  (dict "key" "cgpu" "values" "[\"true\"]") }}
+- matchExpressions:
+    - key: {{ $term.key }}
+      operator: In
+      values: {{ $term.values }}
+    {{- if $driver }}
+    - key: gpushare.io/driver
+      operator: {{ $driver }}
+      values: [dra]
+    {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The operator of gpushare.io/driver in the node DaemonSet's terms: NotIn with DRA
+mode (nodes labelled dra run the DRA DaemonSet instead), none without. */}}
+{{- define "gpushare.devicePluginDriverTerm" -}}
+{{- if include "gpushare.dra" . }}NotIn{{ end -}}
+{{- end }}
+
+{{/* How a kubelet plugin container (the device plugin, the DRA driver) runs: root to
+own its sockets in the kubelet's root-owned directories, nothing more unless
+gpu.driverRoot leaves only privileged to open /dev/nvidia*. */}}
+{{- define "gpushare.pluginSecurityContext" -}}
+runAsUser: 0
+runAsNonRoot: false
+{{- if and (ne .Values.gpu.backend "mock") .Values.gpu.driverRoot }}
+# No toolkit grants the container /dev/nvidia*, which NVML opens.
+privileged: true
+{{- else }}
+# Root only to own its socket in the kubelet's root-owned directory; no
+# capabilities, no escalation.
+allowPrivilegeEscalation: false
+capabilities:
+  drop: [ALL]
+{{- end }}
+readOnlyRootFilesystem: true
+{{- end }}
+
+{{/* The mounts a kubelet plugin container shares with the other (the device plugin's,
+the DRA driver's): /tmp, its API token, the interposer directory, the node's /dev
+and the driver's root. */}}
+{{- define "gpushare.pluginMounts" -}}
+{{- $interposer := and .Values.isolation.enabled .Values.isolation.interposer.enabled -}}
+- name: tmp
+  mountPath: /tmp
+- name: kube-api-access
+  mountPath: /var/run/secrets/kubernetes.io/serviceaccount
+  readOnly: true
+{{- if $interposer }}
+# At the node's own path: Allocate names host paths under it in its mounts.
+- name: interposer
+  mountPath: {{ .Values.isolation.interposer.dir }}
+{{- end }}
+{{- if ne .Values.gpu.backend "mock" }}
+# The node's /dev (--dev-root): which of nvidiactl, nvidia-uvm,
+# nvidia-uvm-tools and nvidia-modeset the node has, for the Allocate answers.
+- name: host-dev
+  mountPath: /host/dev
+  readOnly: true
+  {{- if semverCompare ">=1.31.0-0" .Capabilities.KubeVersion.Version }}
+  recursiveReadOnly: IfPossible
+  {{- end }}
+{{- end }}
+{{- include "gpushare.driverRootMount" . | nindent 0 }}
+{{- end }}
+
+{{/* The isolation agent, alike in both node DaemonSets: it enforces the caps whichever
+plugin (device plugin or DRA driver) handed the container its GPU. */}}
+{{- define "gpushare.isolationContainer" -}}
+{{- $interposer := and .Values.isolation.enabled .Values.isolation.interposer.enabled -}}
+- name: isolation
+  image: {{ include "gpushare.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command: [gpushare-isolation]
+  args:
+    {{- include "gpushare.backendArgs" . | nindent 4 }}
+    - --control-dir={{ .Values.isolation.controlDir }}
+    - --proc-root=/host/proc
+    - --cgroup-root=/host/sys/fs/cgroup
+    - --metrics-port={{ .Values.isolation.metricsPort }}
+    - --memory-action={{ .Values.isolation.memoryAction }}
+    - --backstop-slack-per-process-mib={{ .Values.isolation.backstopSlack.perProcessMiB }}
+    - --backstop-slack-max-mib={{ .Values.isolation.backstopSlack.maxMiB }}
+    - --interposer-dir={{ if $interposer }}{{ .Values.isolation.interposer.dir }}{{ end }}
+    {{- with .Values.isolation.extraArgs }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  env:
+    {{- include "gpushare.nodeEnv" . | nindent 4 }}
+    - name: GPUSHARE_CONTROL_DIR
+      value: {{ .Values.isolation.controlDir | quote }}
+  {{- if gt (int .Values.isolation.metricsPort) 0 }}
+  ports:
+    - name: agent-metrics
+      containerPort: {{ .Values.isolation.metricsPort }}
+      protocol: TCP
+  {{- end }}
+  # Freezing a container's cgroup, stopping or killing its processes and
+  # reading their /proc/<pid>/environ need root over other containers.
+  securityContext:
+    runAsUser: 0
+    runAsNonRoot: false
+    {{- if .Values.isolation.privileged }}
+    privileged: true
+    {{- else }}
+    allowPrivilegeEscalation: false
+    capabilities:
+      drop: [ALL]
+      add: [KILL, SYS_PTRACE, DAC_OVERRIDE]
+    {{- end }}
+    readOnlyRootFilesystem: true
+  resources:
+    {{- toYaml .Values.isolation.resources | nindent 4 }}
+  volumeMounts:
+    - name: control-dir
+      mountPath: {{ .Values.isolation.controlDir }}
+    - name: host-proc
+      mountPath: /host/proc
+      readOnly: true
+    - name: host-cgroup
+      mountPath: /host/sys/fs/cgroup
+    - name: tmp
+      mountPath: /tmp
+    {{- if $interposer }}
+    - name: interposer
+      mountPath: {{ .Values.isolation.interposer.dir }}
+    {{- end }}
+    {{- include "gpushare.driverRootMount" . | nindent 4 }}
+{{- end }}
+
+{{/* The volumes both node DaemonSets give their pods besides the kubelet's
+directories: /tmp, the plugin's API token (projected: the pod mounts none by
+default), the node's /dev, the driver's root, the interposer directory and the
+agent's host paths. */}}
+{{- define "gpushare.nodePodVolumes" -}}
+{{- $nvml := ne .Values.gpu.backend "mock" -}}
+{{- $interposer := and .Values.isolation.enabled .Values.isolation.interposer.enabled -}}
+- name: tmp
+  emptyDir: {}
+- name: kube-api-access
+  projected:
+    sources:
+      - serviceAccountToken:
+          path: token
+          expirationSeconds: 3607
+      - configMap:
+          name: kube-root-ca.crt
+          items:
+            - key: ca.crt
+              path: ca.crt
+      - downwardAPI:
+          items:
+            - path: namespace
+              fieldRef:
+                fieldPath: metadata.namespace
+{{- if $nvml }}
+- name: host-dev
+  hostPath:
+    path: /dev
+    type: Directory
+{{- end }}
+{{- if and $nvml .Values.gpu.driverRoot }}
+- name: driver-root
+  hostPath:
+    path: {{ .Values.gpu.driverRoot }}
+    type: Directory
+{{- end }}
+{{- if $interposer }}
+- name: interposer
+  hostPath:
+    path: {{ .Values.isolation.interposer.dir }}
+    type: DirectoryOrCreate
+{{- end }}
+{{- if .Values.isolation.enabled }}
+- name: control-dir
+  hostPath:
+    path: {{ .Values.isolation.controlDir }}
+    type: DirectoryOrCreate
+- name: host-proc
+  hostPath:
+    path: /proc
+    type: Directory
+- name: host-cgroup
+  hostPath:
+    path: /sys/fs/cgroup
+    type: Directory
+{{- end }}
+{{- end }}
+
+{{/* ----- DRA mode (dra.*) */}}
+
+{{/* "true" when dra.enabled. Absent (values of an older release kept with
+--reuse-values) counts as off: the chart renders as before DRA mode. */}}
+{{- define "gpushare.dra" -}}
+{{- if dig "enabled" false (.Values.dra | default dict) }}true{{ end -}}
+{{- end }}
+
+{{/* "true" when DRA mode shares GPUs among claims (dra.sharing; unset counts as on),
+"" when each claim gets whole GPUs. */}}
+{{- define "gpushare.draSharing" -}}
+{{- if and (include "gpushare.dra" .) (ne (toString (dig "sharing" true .Values.dra)) "false") }}true{{ end -}}
+{{- end }}
+
+{{/* "true" when the webhook turns pods that ask aliyun.com/gpu-* into pods with a
+claim of the driver's DeviceClass (the extender's --dra-claims): DRA mode,
+dra.convertAckPods (unset counts as on) and the webhook that does it. */}}
+{{- define "gpushare.draClaims" -}}
+{{- if and (include "gpushare.dra" .) (ne (toString (dig "convertAckPods" true .Values.dra)) "false") .Values.webhook.enabled }}true{{ end -}}
+{{- end }}
+
+{{/* The DRA driver's name: ResourceSlice spec.driver, the DeviceClass's name, the
+kubelet plugin directory, the CDI vendor (gpushare.dra.claims.DRIVER). */}}
+{{- define "gpushare.draDriver" -}}
+gpu.gpushare.io
+{{- end }}
+
+{{/* "true" when the cluster serves resource.k8s.io/v1, where DRA is GA (Kubernetes
+1.34, gate DynamicResourceAllocation). Against a live cluster (helm install, upgrade)
+discovery tells: its APIVersions list each kind (resource.k8s.io/v1/DeviceClass).
+`helm template` has Helm's built-in group versions, resource.k8s.io/v1 among them
+whatever the cluster, so there the version (--kube-version) tells. */}}
+{{- define "gpushare.draServed" -}}
+{{- if include "gpushare.liveCluster" . }}
+{{- if .Capabilities.APIVersions.Has "resource.k8s.io/v1/DeviceClass" }}true{{ end -}}
+{{- else if and (.Capabilities.APIVersions.Has "resource.k8s.io/v1") (semverCompare ">=1.34.0-0" .Capabilities.KubeVersion.Version) }}true{{ end -}}
+{{- end }}
+
+{{/* "true" where the API server authorizes a claim's status by part
+(DRAResourceClaimGranularStatusAuthorization, beta and on from 1.36): writing the
+allocation then also takes resourceclaims/binding, which our kube-scheduler needs. */}}
+{{- define "gpushare.draGranularStatus" -}}
+{{- if semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version }}true{{ end -}}
+{{- end }}
+
+{{/* "true" where kube-scheduler must be told to turn DRAConsumableCapacity on: DRA
+mode shares GPUs (dra.sharing) below 1.36, where the gate is alpha and off (1.36:
+beta, on). _validate.tpl has refused this unless dra.consumableCapacityGate says the
+cluster's own kube-apiserver and kube-scheduler have it on. */}}
+{{- define "gpushare.draCapacityGateFlag" -}}
+{{- if and (include "gpushare.draSharing" .) (semverCompare "<1.36.0-0" .Capabilities.KubeVersion.Version) }}true{{ end -}}
+{{- end }}
+
+{{/* "true" when the ValidatingAdmissionPolicy keeping the DRA driver's account to its
+own node's ResourceSlices is rendered: DRA mode and dra.ownNodePolicy (unset counts
+as on). DRA mode needs 1.34, past the 1.30 that node-admission-policy.yaml waits for. */}}
+{{- define "gpushare.draOwnNodePolicy" -}}
+{{- if and (include "gpushare.dra" .) (ne (toString (dig "ownNodePolicy" true .Values.dra)) "false") }}true{{ end -}}
+{{- end }}
+
+{{/* ----- The own-node admission policies (node-admission-policy.yaml for the device
+plugin, dra-admission-policy.yaml for the DRA driver): a GPU node's plugin may change
+only its own Node and the pods bound to that node. */}}
+
+{{/* The policy variable `node`: the node the request's token names (the user's extra
+authentication.kubernetes.io/node-name), '' when it names none. */}}
+{{- define "gpushare.ownNodeVariable" -}}
+{{- $nodeKey := "authentication.kubernetes.io/node-name" -}}
+- name: node
+  expression: >-
+    has(request.userInfo.extra) && '{{ $nodeKey }}' in request.userInfo.extra
+    && size(request.userInfo.extra['{{ $nodeKey }}']) == 1
+    ? request.userInfo.extra['{{ $nodeKey }}'][0] : ''
+{{- end }}
+
+{{/* The validations: a token naming a node, and of Nodes and pods only that node's.
+(dict "who" "the device plugin"), as the messages name the account's component. */}}
+{{- define "gpushare.ownNodeValidations" -}}
+- expression: variables.node != ''
+  message: >-
+    {{ .who }}'s token names no node (authentication.kubernetes.io/node-name):
+    use the token the kubelet mounts into its pod, on Kubernetes >= 1.30 with
+    ServiceAccountTokenPodNodeInfo on
+  reason: Forbidden
+- expression: >-
+    variables.node == '' || request.resource.resource != 'nodes'
+    || oldObject.metadata.name == variables.node
+  messageExpression: >-
+    '{{ .who }} of node ' + variables.node + ' may change only its own Node, not '
+    + oldObject.metadata.name
+  reason: Forbidden
+- expression: >-
+    variables.node == '' || request.resource.resource != 'pods'
+    || (has(oldObject.spec.nodeName) && oldObject.spec.nodeName == variables.node)
+  messageExpression: >-
+    '{{ .who }} of node ' + variables.node + ' may change only pods bound to it, not '
+    + oldObject.metadata.namespace + '/' + oldObject.metadata.name + ' ('
+    + (has(oldObject.spec.nodeName) ? 'bound to ' + oldObject.spec.nodeName : 'not bound') + ')'
+  reason: Forbidden
+{{- end }}

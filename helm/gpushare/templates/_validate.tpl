@@ -50,9 +50,29 @@ least 1, at least one GPU. */}}
 {{- end }}
 {{- end }}
 
+{{/* What DRA mode (dra.enabled) needs of the cluster. DRA is GA in
+resource.k8s.io/v1 from Kubernetes 1.34 (gate DynamicResourceAllocation); sharing a GPU
+among claims needs DRAConsumableCapacity in kube-apiserver (which silently drops the
+shared capacities without it) and kube-scheduler (which allocates them): alpha and off
+in 1.34 and 1.35, beta and on from 1.36. */}}
+{{- define "gpushare.checkDra" -}}
+{{- if include "gpushare.dra" . }}
+{{- $version := .Capabilities.KubeVersion.Version -}}
+{{- if not (include "gpushare.draServed" .) }}
+{{- $where := ternary "" " (helm template: pass --kube-version <your API server's version>)" (eq (include "gpushare.liveCluster" .) "true") -}}
+{{- fail (printf "dra.enabled needs resource.k8s.io/v1 (Kubernetes 1.34 or later, where DRA is GA; gate DynamicResourceAllocation), which Kubernetes %s does not serve%s: set dra.enabled=false to keep the device plugin on every GPU node, or upgrade the cluster" $version $where) }}
+{{- end }}
+{{- $gate := dig "consumableCapacityGate" false .Values.dra -}}
+{{- if and (include "gpushare.draSharing" .) (semverCompare "<1.36.0-0" $version) (not $gate) }}
+{{- fail (printf "dra.sharing needs the feature gate DRAConsumableCapacity, alpha and off by default in Kubernetes %s (beta and on from 1.36): without it the API server drops the GPUs' shared capacities and kube-scheduler cannot share a GPU. Set dra.sharing=false (each claim gets whole GPUs), or turn DRAConsumableCapacity on in kube-apiserver and kube-scheduler and set dra.consumableCapacityGate=true" $version) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "gpushare.validate" -}}
 {{- $absolute := `^/` -}}
 {{- include "gpushare.checkMockGpus" . }}
+{{- include "gpushare.checkDra" . }}
 {{- include "gpushare.checkMatch" (dict "path" "gpu.runtimeClassName" "value" .Values.gpu.runtimeClassName
   "pattern" `^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$`
   "want" "a RuntimeClass name (lower-case letters, digits, '-' and '.')"
@@ -66,6 +86,10 @@ least 1, at least one GPU. */}}
   "pattern" $absolute "want" "an absolute path" "example" "e.g. /run/gpushare/cgpu") }}
 {{- include "gpushare.checkMatch" (dict "path" "isolation.interposer.dir" "value" (dig "interposer" "dir" nil .Values.isolation)
   "pattern" $absolute "want" "an absolute path" "example" "e.g. /var/lib/gpushare/interposer") }}
+{{- include "gpushare.checkMatch" (dict "path" "dra.cdiDir" "value" (dig "cdiDir" nil (.Values.dra | default dict))
+  "pattern" $absolute "want" "an absolute path" "example" "e.g. /var/run/cdi") }}
+{{- include "gpushare.checkMatch" (dict "path" "dra.stateDir" "value" (dig "stateDir" nil (.Values.dra | default dict))
+  "pattern" $absolute "want" "an absolute path" "example" "e.g. /var/lib/gpushare/dra") }}
 {{- include "gpushare.checkSchedulerName" (dict "path" "scheduler.name" "value" .Values.scheduler.name) }}
 {{- range $i, $name := .Values.scheduler.extraSchedulerNames | default list }}
 {{- include "gpushare.checkSchedulerName" (dict "path" (printf "scheduler.extraSchedulerNames[%d]" $i) "value" $name) }}

@@ -37,6 +37,7 @@ from pathlib import Path
 from gpushare.cli.progress import RunBars, Sink, relayed, throttled
 from gpushare.placement.policies import OUR_POLICY
 from gpushare.simulator.arrival import DEFAULT_SEEDS, INFLATION
+from gpushare.simulator.dra import DraMode, dra_config
 from gpushare.simulator.kubescheduler import PROFILES as KUBE_PROFILES
 from gpushare.simulator.kubescheduler import KubeSchedulerConfig
 from gpushare.simulator.mixes import DEFAULT_MIX_SEED, MIXES, Mix, generate
@@ -135,6 +136,18 @@ def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
         "adaptive node sample, LeastAllocated), chart-before (every node, the default "
         "plugins) or chart (the chart's profile); default: the paper's scheduler",
     )
+    parser.add_argument(
+        "--dra",
+        choices=[m.value for m in DraMode],
+        metavar="MODE",
+        help="DRA mode (docs/dra.md): GPU pods ask for ResourceClaims and kube-scheduler's "
+        "allocator picks their GPUs, the first eligible in the ResourceSlice's order, on "
+        "the node kube-scheduler's model chooses (--kube-scheduler, default chart; no GPU "
+        "term in NodeResourcesFit). first-fit: no extender, GPUs by index; score: our "
+        "extender scores the nodes, GPUs by index; order: as score, the slice reordered for "
+        "each pod so the policy's GPUs come first (an upper bound); fullest: as score, the "
+        "slice reordered fullest GPU first after every change. Default: device-plugin mode",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     plot = parser.add_mutually_exclusive_group()
     plot.add_argument(
@@ -193,8 +206,9 @@ def _seeds(text: str) -> list[int]:
     return sorted(set(seeds))
 
 
-Job = tuple[PolicyChoice, int, float, KubeSchedulerConfig | None]
-"""A run: policy, seed, inflation, kube-scheduler's configuration (None: the paper's)."""
+Job = tuple[PolicyChoice, int, float, KubeSchedulerConfig | None, DraMode | None]
+"""A run: policy, seed, inflation, kube-scheduler's configuration (None: the paper's), DRA
+mode (None: device-plugin mode)."""
 
 _TRACE: Trace | None = None
 _SINK: Sink | None = None
@@ -212,9 +226,9 @@ def _set_up_worker(trace: Trace, queue: "Queue[tuple[str, int, int, int]] | None
 
 def _run_one(job: Job) -> RunResult:
     assert _TRACE is not None
-    choice, seed, inflation, kube = job
+    choice, seed, inflation, kube, dra = job
     progress = None if _SINK is None else throttled(_SINK, choice.label, seed)
-    return simulate(_TRACE, choice, seed, inflation, progress, kube)
+    return simulate(_TRACE, choice, seed, inflation, progress, kube, dra)
 
 
 def run_all(
@@ -333,10 +347,15 @@ def _simulate(args: argparse.Namespace, trace: Trace) -> int:
         f"  policies {', '.join(c.label for c in choices)}; seeds {_seed_text(args.seeds)}; "
         f"inflation {args.inflation}; {args.workers} worker(s)"
     )
-    kube = None if args.kube_scheduler is None else KUBE_PROFILES[args.kube_scheduler]
+    dra = None if args.dra is None else DraMode(args.dra)
+    profile = args.kube_scheduler or (None if dra is None else "chart")
+    kube = None if profile is None else KUBE_PROFILES[profile]
     if kube is not None:
-        _say(f"  nodes chosen by kube-scheduler's model, {args.kube_scheduler}: {kube.describe()}")
-    jobs: list[Job] = [(c, seed, args.inflation, kube) for c in choices for seed in args.seeds]
+        scoring = kube if dra is None else dra_config(kube, dra)
+        _say(f"  nodes chosen by kube-scheduler's model, {profile}: {scoring.describe()}")
+    if dra is not None:
+        _say(f"  DRA mode, {dra.describe()}")
+    jobs: list[Job] = [(c, seed, args.inflation, kube, dra) for c in choices for seed in args.seeds]
     started = time.perf_counter()
     results: list[RunResult] = []
     bars = RunBars(len(jobs), sys.stderr, disable=True if args.no_progress else None)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
+from gpushare.cluster.memorydra import MemoryDra
 from gpushare.cluster.port import (
     AlreadyBound,
     Conflict,
@@ -25,6 +26,7 @@ from gpushare.cluster.port import (
     ObjectRef,
     WatchEvent,
 )
+from gpushare.dra.validation import DEFAULT_GATES, ApiGates
 from gpushare.inventory import NODE_GPUS_ANNOTATION, Gpu, encode_gpus
 from gpushare.labels import LABEL_SCHEDULE
 from gpushare.objects import Node, NodeStatus, ObjectMeta, Pod, PodStatus
@@ -84,13 +86,15 @@ class MemoryWatch(Generic[_Obj]):
             yield item  # type: ignore[misc]
 
 
-class MemoryCluster:
+class MemoryCluster(MemoryDra):
     """Implements gpushare.cluster.Cluster, plus the writes that kubectl, the
-    kubelet and controllers would make (create_pod, set_pod_phase, ...)."""
+    kubelet and controllers would make (create_pod, set_pod_phase, ...), and
+    gpushare.cluster.DraCluster (MemoryDra) as an API server of `dra_gates` would."""
 
-    def __init__(self) -> None:
+    def __init__(self, dra_gates: ApiGates = DEFAULT_GATES) -> None:
         self._lock = threading.RLock()
         self._version = 0
+        super().__init__(dra_gates)
         self._nodes: dict[str, Node] = {}
         self._pods: dict[str, Pod] = {}
         self._history: deque[tuple[int, _Change]] = deque(maxlen=HISTORY)

@@ -6,11 +6,13 @@ deliver events in order from a resourceVersion and raise Expired (410 Gone)
 when that version is too old, and binding an already-bound pod is refused.
 """
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, Protocol, TypeVar
 
+from gpushare.dra.objects import DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice
+from gpushare.dra.validation import FieldError
 from gpushare.objects import Node, Pod
 
 T = TypeVar("T", Node, Pod)
@@ -32,6 +34,15 @@ class AlreadyBound(Conflict):
     def __init__(self, pod_key: str, node: str) -> None:
         self.node = node
         super().__init__(f'pod {pod_key} is already assigned to node "{node}"')
+
+
+class Invalid(ClusterError):
+    """The API server refused the object it was sent (HTTP 422 Unprocessable Entity);
+    `errors` name each field and say why."""
+
+    def __init__(self, what: str, errors: Sequence[FieldError]) -> None:
+        self.errors = tuple(errors)
+        super().__init__(f"{what} is invalid: " + "; ".join(str(e) for e in self.errors))
 
 
 class Expired(ClusterError):
@@ -143,3 +154,64 @@ class Cluster(Protocol):
     def record_event(
         self, ref: ObjectRef, severity: EventSeverity, reason: str, message: str
     ) -> None: ...
+
+
+class DraCluster(Protocol):
+    """The resource.k8s.io/v1 objects of DRA mode (DRA-INTERFACES §4, §8).
+
+    Writes are validated as the API server validates them (Invalid names the fields)
+    and lose, silently, the fields of feature gates the server has off (§5). Updates
+    replace the whole object, on the condition that its metadata.resourceVersion is
+    still the stored one when it carries one (else Conflict); a create with only
+    metadata.generateName gets a name made from it; a create of a name taken is a
+    Conflict; a missing object is NotFound."""
+
+    def get_resource_slice(self, name: str) -> ResourceSlice: ...
+
+    def list_resource_slices(
+        self, driver: str | None = None, node_name: str | None = None
+    ) -> list[ResourceSlice]:
+        """All slices, or those of one driver and/or one node (spec.driver, spec.nodeName
+        field selectors), in name order."""
+        ...
+
+    def create_resource_slice(self, resource_slice: ResourceSlice) -> ResourceSlice: ...
+
+    def update_resource_slice(self, resource_slice: ResourceSlice) -> ResourceSlice:
+        """Its driver, pool name and node are immutable."""
+        ...
+
+    def delete_resource_slice(self, name: str) -> None: ...
+
+    def delete_resource_slices(self, node_name: str, driver: str | None = None) -> None:
+        """Every slice of one node (of one driver): what the kubelet removes when it
+        starts, or when a driver's plugin goes away."""
+        ...
+
+    def get_resource_claim(self, namespace: str, name: str) -> ResourceClaim: ...
+
+    def list_resource_claims(self, namespace: str | None = None) -> list[ResourceClaim]: ...
+
+    def create_resource_claim(self, claim: ResourceClaim) -> ResourceClaim:
+        """In its namespace ("default" when it names none); its status is not stored."""
+        ...
+
+    def update_resource_claim(self, claim: ResourceClaim) -> ResourceClaim:
+        """Metadata only: the spec is immutable (Invalid), the status is left as stored."""
+        ...
+
+    def update_resource_claim_status(self, claim: ResourceClaim) -> ResourceClaim:
+        """The status only (the /status subresource): spec and metadata stay as stored."""
+        ...
+
+    def delete_resource_claim(self, namespace: str, name: str) -> None: ...
+
+    def get_resource_claim_template(self, namespace: str, name: str) -> ResourceClaimTemplate: ...
+
+    def create_resource_claim_template(
+        self, template: ResourceClaimTemplate
+    ) -> ResourceClaimTemplate: ...
+
+    def list_device_classes(self) -> list[DeviceClass]: ...
+
+    def create_device_class(self, device_class: DeviceClass) -> DeviceClass: ...

@@ -28,12 +28,9 @@ from gpushare.deviceplugin.admission import (
     QueueBusy,
     WaitingContainer,
 )
-from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpushare.deviceplugin.assignment import AssignmentWriter
-from gpushare.deviceplugin.backends.port import DeviceBackend
 from gpushare.deviceplugin.deadline import ANSWER_WITHIN_S, Deadline
 from gpushare.deviceplugin.devices import preferred_ids
-from gpushare.deviceplugin.interposer import Injection, InterposerMounts, grant_mounted
 from gpushare.deviceplugin.journal import Grant, GrantJournal
 from gpushare.deviceplugin.metrics import Call, PluginMetrics, Refusal
 from gpushare.deviceplugin.node import LocalNode, NodeSnapshot
@@ -44,7 +41,10 @@ from gpushare.environment import (
     isolated_at_the_call,
     limits_from_env,
 )
+from gpushare.gpunode.backends.port import DeviceBackend
+from gpushare.gpunode.interposer import Injection, InterposerMounts, grant_mounted
 from gpushare.grant import GrantError
+from gpushare.kubeletapi.deviceplugin.v1beta1 import api_pb2 as pb
 from gpushare.objects import Pod
 from gpushare.resources import GPU_CORE, RESOURCE
 
@@ -318,7 +318,10 @@ def container_response(
     nodes = backend.device_nodes(snapshot.physical(indices))
     return pb.ContainerAllocateResponse(
         envs={**env, **(injection.env if injection else {})},
-        mounts=injection.mounts if injection else (),
+        mounts=[
+            pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+            for m in (injection.mounts if injection else ())
+        ],
         devices=[
             pb.DeviceSpec(
                 container_path=n.container_path, host_path=n.host_path, permissions=n.permissions

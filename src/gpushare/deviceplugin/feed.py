@@ -8,8 +8,8 @@ change, and streams wake up to send it.
 import threading
 from collections.abc import Sequence
 
-from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpushare.deviceplugin.devices import HEALTHY, UNHEALTHY, Device
+from gpushare.kubeletapi.deviceplugin.v1beta1 import api_pb2 as pb
 
 
 def list_message(devices: Sequence[Device]) -> pb.ListAndWatchResponse:

@@ -19,9 +19,6 @@ from typing import Final
 
 from gpushare.cluster import Cluster
 from gpushare.commandline import add_version_flag, exit_status
-from gpushare.deviceplugin.backends.mock import MockBackend
-from gpushare.deviceplugin.backends.nvml import NvmlBackend
-from gpushare.deviceplugin.backends.port import DeviceBackend
 from gpushare.deviceplugin.deadline import ANSWER_WITHIN_S
 from gpushare.deviceplugin.metrics import PluginMetrics
 from gpushare.deviceplugin.plugin import (
@@ -31,6 +28,9 @@ from gpushare.deviceplugin.plugin import (
     PluginConfig,
 )
 from gpushare.deviceplugin.rediscovery import REDISCOVER_INTERVAL
+from gpushare.gpunode.backends.mock import MockBackend
+from gpushare.gpunode.backends.nvml import NvmlBackend
+from gpushare.gpunode.backends.port import DeviceBackend
 from gpushare.nodeflags import add_node_flags, check_node_flags
 from gpushare.nodeflags.serving import start_metrics
 from gpushare.nvmllib import bindings

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 
-from gpushare.deviceplugin.backends.port import HealthChange, PhysicalGpu
 from gpushare.deviceplugin.devices import DeviceCatalog
+from gpushare.gpunode.backends.port import HealthChange, PhysicalGpu
 from gpushare.inventory import Gpu
 from gpushare.labels import NodeMode, isolation_disabled, node_mode
 

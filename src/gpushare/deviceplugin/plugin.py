@@ -26,10 +26,8 @@ from gpushare.cluster import Cluster, EventType
 from gpushare.deviceplugin.admission import AdmissionQueue
 from gpushare.deviceplugin.allocator import Allocator
 from gpushare.deviceplugin.assignment import AssignmentWriter
-from gpushare.deviceplugin.backends.port import DeviceBackend, HealthChange
 from gpushare.deviceplugin.deadline import ANSWER_WITHIN_S
 from gpushare.deviceplugin.feed import DeviceFeed
-from gpushare.deviceplugin.interposer import InterposerMounts
 from gpushare.deviceplugin.journal import FILE_NAME, GrantJournal
 from gpushare.deviceplugin.metrics import PluginMetrics
 from gpushare.deviceplugin.node import LocalNode, NodeChange, NodeSnapshot
@@ -38,6 +36,8 @@ from gpushare.deviceplugin.reconcile import Reconciler
 from gpushare.deviceplugin.rediscovery import REDISCOVER_INTERVAL, Rediscovery
 from gpushare.deviceplugin.registration import Registrar
 from gpushare.deviceplugin.worker import start_daemon
+from gpushare.gpunode.backends.port import DeviceBackend, HealthChange
+from gpushare.gpunode.interposer import InterposerMounts
 from gpushare.kubecluster.watchcache import WatchCache
 from gpushare.objects import Node, Pod
 from gpushare.resources import MANAGED_RESOURCES
@@ -67,7 +67,7 @@ class PluginConfig:
     """Seconds within which GetPreferredAllocation and Allocate are answered; a
     call that matches nothing waits that long for the pod watch to catch up."""
     interposer_dir: Path | None = None
-    """The node's interposer directory (deviceplugin/interposer.py); None: never load
+    """The node's interposer directory (gpunode/interposer.py); None: never load
     the CUDA interposer into containers."""
     rediscover_interval: float = REDISCOVER_INTERVAL
     """Seconds between listings of the node's GPUs (rediscovery.py); 0: only at start."""

@@ -12,8 +12,8 @@ from typing import Final
 
 import grpc
 
-from gpushare.deviceplugin.api.kubelet.podresources.v1 import api_pb2 as pr
-from gpushare.deviceplugin.api.kubelet.podresources.v1 import api_pb2_grpc as pr_grpc
+from gpushare.kubeletapi.podresources.v1 import api_pb2 as pr
+from gpushare.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 
 Holder = tuple[str, str]
 """(namespace/name of the pod, container name)."""

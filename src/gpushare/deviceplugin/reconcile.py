@@ -19,12 +19,12 @@ from gpushare.allocation import PodAllocation
 from gpushare.cluster import Cluster, EventSeverity, ObjectRef
 from gpushare.deviceplugin.admission import AdmissionQueue
 from gpushare.deviceplugin.assignment import AssignmentWriter, patch_allocation
-from gpushare.deviceplugin.interposer import InterposerMounts
 from gpushare.deviceplugin.journal import GrantJournal
 from gpushare.deviceplugin.metrics import PluginMetrics
 from gpushare.deviceplugin.podresources import holdings, list_pod_resources
 from gpushare.deviceplugin.repair import Plan, Repair, plan
 from gpushare.deviceplugin.worker import Worker
+from gpushare.gpunode.interposer import InterposerMounts
 from gpushare.objects import Pod
 from gpushare.resources import MANAGED_RESOURCES
 

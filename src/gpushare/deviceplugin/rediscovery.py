@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Final
 
-from gpushare.deviceplugin.backends.port import DeviceBackend, PhysicalGpu
+from gpushare.gpunode.backends.port import DeviceBackend, PhysicalGpu
 from gpushare.inventory import Gpu
 
 log = logging.getLogger(__name__)

@@ -24,12 +24,12 @@ import grpc
 
 from gpushare.backoff import Backoff
 from gpushare.deviceplugin.allocator import Allocator
-from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
-from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from gpushare.deviceplugin.feed import DeviceFeed
 from gpushare.deviceplugin.metrics import PluginMetrics
 from gpushare.deviceplugin.server import OPTIONS, ResourceServer
 from gpushare.deviceplugin.worker import start_daemon
+from gpushare.kubeletapi.deviceplugin.v1beta1 import api_pb2 as pb
+from gpushare.kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from gpushare.resources import RESOURCES
 
 log = logging.getLogger(__name__)

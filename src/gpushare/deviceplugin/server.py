@@ -26,10 +26,10 @@ from typing import Final
 import grpc
 
 from gpushare.deviceplugin.allocator import AllocationRefused, Allocator, AnswerTimeout
-from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
-from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from gpushare.deviceplugin.collector import ADMISSION_CALLS
 from gpushare.deviceplugin.feed import DeviceFeed
+from gpushare.kubeletapi.deviceplugin.v1beta1 import api_pb2 as pb
+from gpushare.kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

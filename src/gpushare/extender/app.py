@@ -26,6 +26,7 @@ from gpushare.extender.argsreader import ExtenderArgsReader
 from gpushare.extender.binder import Binder
 from gpushare.extender.bodies import JSON, BodyRefused, read_json_body
 from gpushare.extender.cache import SchedulerCache
+from gpushare.extender.draclaims import ClaimTemplates
 from gpushare.extender.inspect import cluster_report, node_report
 from gpushare.extender.limits import (
     ADMISSION_REVIEW_MAX,
@@ -64,8 +65,11 @@ class Extender:
         metrics: ExtenderMetrics,
         scheduler_names: Sequence[str],
         describe: str = "",
+        claim_templates: ClaimTemplates | None = None,
     ) -> None:
         self.cache = cache
+        self.claim_templates = claim_templates
+        """Set in DRA mode: the webhook rewrites GPU pods to claims of these templates."""
         self.binder = binder
         self.metrics = metrics
         self.scheduler_names = tuple(scheduler_names)
@@ -98,8 +102,11 @@ class Extender:
         return dumps(answer)
 
     def mutate(self, body: bytes) -> bytes:
-        answer = webhook.mutate(parse(AdmissionReview, body), self.scheduler_names[0])
-        self.metrics.admission.labels(Webhook.MUTATE, "true").inc()
+        answer = webhook.mutate(
+            parse(AdmissionReview, body), self.scheduler_names[0], self.claim_templates
+        )
+        allowed = str(answer["response"]["allowed"]).lower()
+        self.metrics.admission.labels(Webhook.MUTATE, allowed).inc()
         return dumps(answer)
 
 

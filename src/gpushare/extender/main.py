@@ -51,6 +51,8 @@ def _config_flag(parser: argparse.ArgumentParser, flag: str, help: str, **kwargs
     default = getattr(_DEFAULTS, flag.removeprefix("--").replace("-", "_"))
     if isinstance(default, tuple):
         default = ",".join(default)
+    elif isinstance(default, bool):
+        kwargs.setdefault("action", "store_true")
     elif isinstance(default, int):
         kwargs.setdefault("type", int)
     parser.add_argument(flag, default=default, help=help, **kwargs)
@@ -111,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(default %(default)s: fragmentation-aware, see docs/placement.md)",
     )
     flag("--max-pods-per-gpu", "most pods sharing one GPU (default %(default)s)")
+    flag(
+        "--dra-claims",
+        "DRA mode: the mutating webhook rewrites pods that ask for aliyun.com/gpu-mem, "
+        "gpu-core.percentage or gpu-count to one resource claim of DeviceClass "
+        "gpu.gpushare.io (the same GPU memory and compute share), creating its "
+        "ResourceClaimTemplate in the pod's namespace; see docs/dra.md",
+    )
     parser.add_argument(
         "--kubeconfig",
         default=None,
@@ -144,6 +153,7 @@ def config_from(args: argparse.Namespace) -> ExtenderConfig:
         extra_scheduler_names=_names(args.extra_scheduler_names),
         default_placement=args.default_placement,
         max_pods_per_gpu=args.max_pods_per_gpu,
+        dra_claims=args.dra_claims,
     )
     if config.tls_cert_file is not None and config.tls_key_file is not None:
         check_tls_files(config.tls_cert_file, config.tls_key_file)
@@ -205,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     from gpushare.kubecluster import KubeCluster
 
     cluster = KubeCluster.from_config(args.kubeconfig, connections=API_CONNECTIONS)
-    service = ExtenderService(cluster, config, placement)
+    service = ExtenderService(cluster, config, placement, dra=cluster)
     log.info("%s, API server from %s", config.summary(), cluster.origin)
     service.start_watching()
     threading.Thread(target=_report_sync, args=(service,), name="sync", daemon=True).start()

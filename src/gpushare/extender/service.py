@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from gpushare.cluster import Cluster
+from gpushare.cluster import Cluster, DraCluster
 from gpushare.extender.app import (
     BINDS_AT_ONCE,
     Extender,
@@ -21,6 +21,7 @@ from gpushare.extender.app import (
 from gpushare.extender.binder import Binder
 from gpushare.extender.cache import SchedulerCache
 from gpushare.extender.damaged import DamagedRecordReporter
+from gpushare.extender.draclaims import ClaimTemplates
 from gpushare.extender.eventqueue import PodEventQueue
 from gpushare.extender.limits import DEFAULT_READ_LIMITS, ReadLimits
 from gpushare.extender.metrics import ExtenderMetrics
@@ -65,6 +66,9 @@ class ExtenderConfig:
     extra_scheduler_names: tuple[str, ...] = (ACK_SCHEDULER_NAME,)
     default_placement: str = DEFAULT_PLACEMENT
     max_pods_per_gpu: int = DEFAULT_MAX_PODS_PER_GPU
+    dra_claims: bool = False
+    """DRA mode: the mutating webhook rewrites pods asking for aliyun.com resources to a
+    resource claim (docs/dra.md#acks-pods-unchanged)."""
     read_limits: ReadLimits = DEFAULT_READ_LIMITS
 
     def __post_init__(self) -> None:
@@ -102,6 +106,7 @@ class ExtenderConfig:
             f"schedulers {', '.join(self.scheduler_names)}, "
             f"default placement {self.default_placement}, "
             f"max {self.max_pods_per_gpu} pods per GPU"
+            + (", ACK pods rewritten to DRA claims" if self.dra_claims else "")
         )
 
 
@@ -115,6 +120,7 @@ class ExtenderService:
         cluster: Cluster,
         config: ExtenderConfig,
         policies: Mapping[str, PolicyFactory] | PolicyChoice = POLICIES,
+        dra: DraCluster | None = None,
     ) -> None:
         """`policies`: the registry this extender makes its own policy objects from
         (what they learn stays in this extender), config.default_placement the default
@@ -139,8 +145,15 @@ class ExtenderService:
         self.cache.on_unserved = self.unserved.wake
         self.damaged = DamagedRecordReporter(cluster, self.cache.take_damaged)
         self.cache.on_damaged = self.damaged.wake
+        if config.dra_claims and dra is None:
+            raise ValueError("--dra-claims needs the resource.k8s.io API (a DraCluster)")
         self.extender = Extender(
-            self.cache, self.binder, self.metrics, config.scheduler_names, config.summary()
+            self.cache,
+            self.binder,
+            self.metrics,
+            config.scheduler_names,
+            config.summary(),
+            ClaimTemplates(dra) if config.dra_claims and dra is not None else None,
         )
         self.node_watch = WatchCache(
             "nodes", cluster.list_nodes, cluster.watch_nodes, self.cache.node_sink()

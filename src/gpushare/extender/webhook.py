@@ -8,7 +8,8 @@ so `kubectl apply` fails at once instead of the pod waiting Pending forever; and
 neither we nor the default scheduler serve, which nothing may ever schedule, or when
 no node of a mode that can take it exists yet. mutate: sends pods that ask for our
 resources and kept the default scheduler to ours (a JSONPatch on
-spec.schedulerName).
+spec.schedulerName); in DRA mode rewrites them to a resource claim instead
+(draclaims.py).
 """
 
 import base64
@@ -18,7 +19,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpushare.cluster import ClusterError
 from gpushare.errors import PodRefused, Refusal, Rule
+from gpushare.extender.draclaims import ClaimTemplates, PodClaimConflict, rewrite
 from gpushare.extender.mirror import GpuShape
 from gpushare.extender.policychoice import PolicyChoice
 from gpushare.extender.schedulernames import DEFAULT_SCHEDULER, unserved_scheduler, unserved_warning
@@ -104,11 +107,17 @@ def _beyond_every_node(
     return refusals
 
 
-def mutate(review: AdmissionReview, scheduler_name: str) -> dict[str, Any]:
+def mutate(
+    review: AdmissionReview, scheduler_name: str, templates: ClaimTemplates | None = None
+) -> dict[str, Any]:
+    """`templates`: in DRA mode (--dra-claims), the pod is rewritten to a claim instead
+    (draclaims.py) and its claim template made where it is missing."""
     pod = _pod(review)
     if pod is None or not requests_gpu(pod) or review.request.operation not in ("", "CREATE"):
         # schedulerName cannot change once the pod exists: only a new pod is sent to us.
         return _answer(review, allowed=True)
+    if templates is not None:
+        return _to_claim(review, pod, templates)
     if (pod.spec.scheduler_name or DEFAULT_SCHEDULER) != DEFAULT_SCHEDULER:
         return _answer(review, allowed=True)  # the user chose a scheduler: theirs to keep
     patch = [{"op": "add", "path": "/spec/schedulerName", "value": scheduler_name}]
@@ -117,6 +126,32 @@ def mutate(review: AdmissionReview, scheduler_name: str) -> dict[str, Any]:
         allowed=True,
         patchType="JSONPatch",
         patch=base64.b64encode(json.dumps(patch).encode()).decode(),
+    )
+
+
+def _to_claim(review: AdmissionReview, pod: Pod, templates: ClaimTemplates) -> dict[str, Any]:
+    try:
+        request = parse_pod_request(pod)
+    except PodRefused:
+        # Left as it is: the validating webhook refuses it, naming every rule it breaks.
+        return _answer(review, allowed=True)
+    if request is None:
+        return _answer(review, allowed=True)
+    namespace = review.request.namespace or pod.metadata.namespace or "default"
+    try:
+        change = rewrite(pod, request, namespace)
+        if not review.request.dry_run:
+            templates.ensure(change.template)
+    except (PodClaimConflict, ClusterError) as err:
+        message = f"gpushare cannot give pod {_name(review, pod)} its GPU claim: {err}"
+        return _answer(
+            review, allowed=False, status={"code": 403, "reason": "Forbidden", "message": message}
+        )
+    return _answer(
+        review,
+        allowed=True,
+        patchType="JSONPatch",
+        patch=base64.b64encode(json.dumps(change.patch).encode()).decode(),
     )
 
 

@@ -94,6 +94,7 @@ class AdmissionRequest(_Wire):
     operation: str = ""
     namespace: str = ""
     object: dict[str, Any] | None = None
+    dry_run: bool = Field(False, alias="dryRun")
 
 
 class AdmissionReview(_Wire):

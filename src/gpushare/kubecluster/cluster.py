@@ -2,8 +2,9 @@
 
 API objects are converted to gpushare's typed `Pod` and `Node` through the
 client's own serialisation (camelCase JSON, as the API server sends it), and
-API errors become the port's errors: 404 NotFound, 409 Conflict or AlreadyBound,
-410 Expired, anything else ClusterError with the server's message.
+API errors become the port's errors (kubecluster/apicall.py): 404 NotFound, 409
+Conflict or AlreadyBound, 410 Expired, 422 Invalid, anything else ClusterError with the
+server's message. The resource.k8s.io objects of DRA mode are in kubecluster/dra.py.
 """
 
 import contextlib
@@ -19,7 +20,6 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
 from kubernetes.watch.watch import iter_resp_lines
-from pydantic import ValidationError
 
 from gpushare.cluster import (
     AlreadyBound,
@@ -29,11 +29,20 @@ from gpushare.cluster import (
     EventType,
     Expired,
     Listing,
-    NotFound,
     ObjectRef,
     WatchEvent,
 )
 from gpushare.commandline import InputFileError, read_yaml
+from gpushare.kubecluster.apicall import (
+    decoded,
+    discard,
+    perform,
+    port_error,
+    read_json,
+    status_message,
+    translated,
+)
+from gpushare.kubecluster.dra import KubeDra
 from gpushare.objects import Node, Pod
 
 log = logging.getLogger(__name__)
@@ -67,7 +76,7 @@ class KubeWatch(Iterator[WatchEvent[_T]]):
         self._what = what
         self._stopped = False
         self.resume_from = ""
-        self._response = _request(
+        self._response = perform(
             f"watch {what}",
             list_call,
             watch=True,
@@ -87,12 +96,12 @@ class KubeWatch(Iterator[WatchEvent[_T]]):
             obj = raw.get("object") or {}
             if kind == "ERROR":  # e.g. 410 Expired: the version left the server's window
                 message = obj.get("message") or obj.get("reason") or "an error"
-                raise _error(obj.get("code"), f"watch {self._what}: {message}")
+                raise port_error(obj.get("code"), f"watch {self._what}: {message}")
             version = (obj.get("metadata") or {}).get("resourceVersion")
             if version:
                 self.resume_from = version
             if kind in ("ADDED", "MODIFIED", "DELETED"):
-                return WatchEvent(EventType(kind), _convert(self._kind, obj))
+                return WatchEvent(EventType(kind), decoded(self._kind, obj))
             # BOOKMARK and anything newer: only its version matters; keep reading.
 
     def stop(self) -> None:
@@ -129,8 +138,9 @@ class KubeWatch(Iterator[WatchEvent[_T]]):
                 return event
 
 
-class KubeCluster:
-    """Implements gpushare.cluster.Cluster against a Kubernetes API server."""
+class KubeCluster(KubeDra):
+    """Implements gpushare.cluster.Cluster, and gpushare.cluster.DraCluster (KubeDra),
+    against a Kubernetes API server."""
 
     def __init__(
         self,
@@ -138,6 +148,7 @@ class KubeCluster:
         watch_timeout_s: int = WATCH_TIMEOUT_S,
         origin: str = "",
     ) -> None:
+        super().__init__(api)
         self.api = api
         self.core = client.CoreV1Api(api)
         self.watch_timeout_s = watch_timeout_s
@@ -252,7 +263,7 @@ class KubeCluster:
         try:
             # The server answers with a Status, not a Binding: do not let the client
             # try to read it as one.
-            _discard(
+            discard(
                 self.core.create_namespaced_pod_binding(
                     name, namespace, body, _preload_content=False
                 )
@@ -260,10 +271,10 @@ class KubeCluster:
         except ApiException as err:
             if err.status == 409:
                 raise self._binding_conflict(namespace, name, err) from err
-            raise _translate(err, f"bind pod {namespace}/{name} to node {node_name}") from err
+            raise translated(err, f"bind pod {namespace}/{name} to node {node_name}") from err
 
     def _binding_conflict(self, namespace: str, name: str, err: ApiException) -> Conflict:
-        message = _message(err)
+        message = status_message(err)
         assigned = _ASSIGNED.search(message)
         if assigned:
             return AlreadyBound(f"{namespace}/{name}", assigned.group(1))
@@ -306,7 +317,7 @@ class KubeCluster:
             "reportingComponent": EVENT_SOURCE,
         }
         try:
-            _discard(self.core.create_namespaced_event(namespace, event, _preload_content=False))
+            discard(self.core.create_namespaced_event(namespace, event, _preload_content=False))
         except Exception as err:  # the API or the network; see the docstring
             log.warning("could not record event %s on %s %s: %s", reason, ref.kind, ref.name, err)
 
@@ -328,18 +339,14 @@ class KubeCluster:
     # ----- helpers
 
     def _delete(self, what: str, call: Any, *args: Any) -> None:
-        _request(what, call, *args)
+        perform(what, call, *args)
 
     def _one(self, kind: type[_T], what: str, call: Any, *args: Any, **kwargs: Any) -> _T:
         """One object, decoded once from the API's JSON into the core's model: not
         through the client's generated models and back (two reflective walks of the
         object, the larger part of a bind's CPU)."""
-        response = _request(what, call, *args, _preload_content=False, **kwargs)
-        try:
-            raw = json.loads(response.data)
-        except Exception as err:  # the connection dropped, or not JSON
-            raise ClusterError(f"{what}: {err}") from err
-        return _convert(kind, raw)
+        response = perform(what, call, *args, _preload_content=False, **kwargs)
+        return decoded(kind, read_json(what, response))
 
     def _listing(self, kind: type[_T], what: str, call: Any, **kwargs: Any) -> Listing[_T]:
         """A list the way client-go's reflector makes one: from the API server's watch
@@ -366,14 +373,11 @@ class KubeCluster:
         items: list[_T] = []
         position: dict[str, str] = {"resource_version": version} if version else {}
         while True:
-            response = _request(
+            response = perform(
                 what, call, limit=LIST_PAGE, _preload_content=False, **position, **kwargs
             )
-            try:
-                raw = json.loads(response.data)
-            except Exception as err:  # the connection dropped, or not JSON
-                raise ClusterError(f"{what}: {err}") from err
-            items.extend(_convert(kind, item) for item in raw.get("items") or [])
+            raw = read_json(what, response)
+            items.extend(decoded(kind, item) for item in raw.get("items") or [])
             del raw["items"]  # decoded: let the page's JSON go before the next one
             meta = raw.get("metadata") or {}
             token = meta.get("continue")
@@ -453,52 +457,3 @@ def _name_selector(name: str | None) -> dict[str, str]:
 
 def _node_selector(node_name: str | None) -> dict[str, str]:
     return {"field_selector": f"spec.nodeName={node_name}"} if node_name else {}
-
-
-def _convert(kind: type[_T], raw: Any) -> _T:
-    try:
-        return kind.model_validate(raw)
-    except ValidationError as err:
-        raise ClusterError(f"the API sent a {kind.__name__} gpushare cannot read: {err}") from err
-
-
-def _message(err: ApiException) -> str:
-    try:
-        status = json.loads(err.body or "")
-    except (TypeError, ValueError):
-        status = None
-    if isinstance(status, dict) and status.get("message"):
-        return str(status["message"])
-    return str(err.reason or err.body or f"HTTP {err.status}")
-
-
-def _translate(err: ApiException, what: str) -> ClusterError:
-    return _error(err.status, f"{what}: {_message(err)}")
-
-
-def _error(code: int | None, message: str) -> ClusterError:
-    if code == 404:
-        return NotFound(message)
-    if code == 409:
-        return Conflict(message)
-    if code == 410:
-        return Expired(message)
-    return ClusterError(f"{message} (HTTP {code})")
-
-
-def _request(what: str, call: Any, *args: Any, **kwargs: Any) -> Any:
-    """Makes one API call; its failure raised as the port's error, saying what failed."""
-    try:
-        return call(*args, **kwargs)
-    except ApiException as err:
-        raise _translate(err, what) from err
-    except Exception as err:  # connection refused, TLS, DNS
-        raise ClusterError(f"{what}: {err}") from err
-
-
-def _discard(response: Any) -> None:
-    """Reads an answer we do not decode, then hands its connection back: released
-    unread, the connection would be dropped (a new one for the next request) or, when
-    the body arrives late, garble the next answer read from it."""
-    response.drain_conn()
-    response.release_conn()

@@ -84,14 +84,26 @@ class KubeSchedulerConfig:
     relative_scores: bool = True
     """How the extender scores the candidates: relative to the best (since issue 40) or
     each on its own (round(score / 10), before)."""
+    gpu_extended_resource: bool = True
+    """Whether GPU pods ask for `aliyun.com/gpu-mem` (device-plugin mode), so that
+    NodeResourcesFit scores it; in DRA mode they ask for a claim instead (dra.py)."""
 
     def describe(self) -> str:
         sample = self.percentage_of_nodes_to_score
-        resources = ", ".join(f"{name} {weight}" for name, weight in self.resources)
+        resources = ", ".join(
+            f"{name} {weight}"
+            for name, weight in self.resources
+            if name != GPU_MEM or self.gpu_extended_resource
+        )
+        extender = (
+            f"extender weight {self.extender_weight} with scores "
+            f"{'relative to the best' if self.relative_scores else 'each on its own'}"
+            if self.extender_weight
+            else "no extender"
+        )
         return (
             f"{'adaptive' if sample <= 0 else f'{sample}%'} node sample, NodeResourcesFit "
-            f"{self.strategy} ({resources}), extender weight {self.extender_weight} with "
-            f"scores {'relative to the best' if self.relative_scores else 'each on its own'}"
+            f"{self.strategy} ({resources}), {extender}"
         )
 
 
@@ -201,7 +213,7 @@ class KubeScheduler:
         self._gpu[node] += pod.gpu_total
 
     def choose(self, request: PodRequest, pod: TracePod) -> tuple[int, Placement] | None:
-        candidates = self._sample(pod)
+        candidates = self._sample(pod, request)
         answers = self._answers.setdefault((request.shape, self._policy.epoch), {})
         passed: list[tuple[int, Placement]] = []
         for node in candidates:
@@ -219,7 +231,7 @@ class KubeScheduler:
             return None
         return self._select(passed, pod)
 
-    def _sample(self, pod: TracePod) -> list[int]:
+    def _sample(self, pod: TracePod, request: PodRequest) -> list[int]:
         """The nodes kube-scheduler's own filters pass, as many as it looks for."""
         total = len(self._order)
         wanted = nodes_to_find(self._config.percentage_of_nodes_to_score, total)
@@ -228,12 +240,14 @@ class KubeScheduler:
         while looked < total and len(found) < wanted:
             node = self._order[(self._next_start + looked) % total]
             looked += 1
-            if self._passes(node, pod):
+            if self._passes(node, pod, request):
                 found.append(node)
         self._next_start = (self._next_start + looked) % total
         return found
 
-    def _passes(self, node: int, pod: TracePod) -> bool:
+    def _passes(self, node: int, pod: TracePod, request: PodRequest) -> bool:
+        """Whether kube-scheduler's own filters pass the node (the request is for filters
+        that read the pod's devices: DRA's, dra.py)."""
         n = self._nodes[node]
         if pod.gpu_spec is not None and n.model not in pod.gpu_spec:
             return False
@@ -276,7 +290,7 @@ class KubeScheduler:
         score = weights = 0
         for resource, weight in config.resources:
             requested, allocatable, asked = used[resource]
-            if resource == GPU_MEM and not asked:
+            if resource == GPU_MEM and not (asked and config.gpu_extended_resource):
                 continue  # an extended resource the pod does not request is not scored
             if allocatable <= 0:
                 continue

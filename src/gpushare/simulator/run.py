@@ -19,7 +19,8 @@ from gpushare.placement.policies import POLICIES
 from gpushare.placement.workload import COVERAGE, Workload
 from gpushare.request import PodRequest
 from gpushare.simulator.arrival import INFLATION, arrivals
-from gpushare.simulator.kubescheduler import KubeScheduler, KubeSchedulerConfig
+from gpushare.simulator.dra import DraMode, DraScheduler
+from gpushare.simulator.kubescheduler import CHART, KubeScheduler, KubeSchedulerConfig
 from gpushare.simulator.metrics import BinMeans, Recorder
 from gpushare.simulator.scheduler import Scheduler
 from gpushare.simulator.trace import MILLI_PER_GPU, PodClass, Trace, TraceNode, TracePod
@@ -82,6 +83,8 @@ class RunResult:
     evaluations: int
     epochs: int
     wall_s: float
+    slice_writes: int = 0
+    """ResourceSlice updates a DRA driver would make (dra.py); 0 in device-plugin mode."""
 
 
 class Ledger:
@@ -132,10 +135,13 @@ def simulate(
     inflation: float = INFLATION,
     progress: Progress | None = None,
     kube: KubeSchedulerConfig | None = None,
+    dra: DraMode | None = None,
 ) -> RunResult:
     """One run. With `kube`, kube-scheduler chooses the node as configured (the
     extender's scores one of its inputs; kubescheduler.py), else the policy's best
-    node does, ties to the seeded rank (the paper's scheduler)."""
+    node does, ties to the seeded rank (the paper's scheduler). With `dra`, GPU pods
+    ask for claims and kube-scheduler's DRA allocator picks their GPUs (dra.py), through
+    `kube` or, without it, the chart's profile."""
     started = time.perf_counter()
     workload = target_workload(trace)
     policy = choice.policy(distribution(trace))
@@ -144,10 +150,14 @@ def simulate(
     ledger = Ledger(trace.nodes)
     scheduler = Scheduler(states, arrival.rank, policy)
     cluster: KubeScheduler | None = None
-    if kube is not None:
+    if kube is not None or dra is not None:
         # kube-scheduler walks its node list in the order nodes joined: the seeded rank.
         order = sorted(range(len(states)), key=arrival.rank.__getitem__)
-        cluster = KubeScheduler(trace.nodes, states, order, policy, kube, seed)
+        config = CHART if kube is None else kube
+        if dra is None:
+            cluster = KubeScheduler(trace.nodes, states, order, policy, config, seed)
+        else:
+            cluster = DraScheduler(trace.nodes, states, order, policy, config, seed, dra)
     metric = Fragmentation(workload)
     recorder = Recorder(trace.capacity, node_frag=[metric.of_view(s.view()) for s in states])
     requests: dict[TracePod, PodRequest] = {}
@@ -186,4 +196,5 @@ def simulate(
         evaluations=scheduler.evaluations if cluster is None else cluster.evaluations,
         epochs=len(epochs),
         wall_s=time.perf_counter() - started,
+        slice_writes=cluster.slice_writes if isinstance(cluster, DraScheduler) else 0,
     )

@@ -25,12 +25,12 @@ from typing import Final
 
 import grpc
 
-from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
-from gpushare.deviceplugin.api.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from gpushare.deviceplugin.api.kubelet.podresources.v1 import api_pb2 as pr
-from gpushare.deviceplugin.api.kubelet.podresources.v1 import api_pb2_grpc as pr_grpc
 from gpushare.deviceplugin.devices import HEALTHY
 from gpushare.deviceplugin.registration import API_VERSION, KUBELET_SOCKET
+from gpushare.kubeletapi.deviceplugin.v1beta1 import api_pb2 as pb
+from gpushare.kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from gpushare.kubeletapi.podresources.v1 import api_pb2 as pr
+from gpushare.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 from gpushare.objects import Container, Pod
 
 log = logging.getLogger(__name__)

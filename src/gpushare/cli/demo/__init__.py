@@ -5,8 +5,9 @@ real extender HTTP service on loopback (filter, prioritize, bind, as
 kube-scheduler calls them); the invalid examples show how a pod is refused, and
 one pod too big for any GPU shows how a pod stays Pending. Then the real device
 plugin admits the bound pods over its gRPC socket, driven by a kubelet stand-in
-(admission.py), and the isolation agent runs on mock GPUs and enforces its
-policies (isolation.py).
+(admission.py), the isolation agent runs on mock GPUs and enforces its policies
+(isolation.py), and the same pods run on a node in DRA mode: webhook rewrite to a
+claim, allocation, the real DRA driver preparing it over its gRPC socket (dra.py).
 """
 
 import argparse
@@ -17,6 +18,7 @@ from pydantic import ValidationError
 
 from gpushare.allocation import PodAllocation
 from gpushare.cli.demo import admission
+from gpushare.cli.demo.dra import run_stage as dra_stage
 from gpushare.cli.demo.extender import LARGE_MODELS, ExtenderStage
 from gpushare.cli.demo.isolation import run_stage as isolation_stage
 from gpushare.cluster.memory import MemoryCluster, gpu_node
@@ -80,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     print(admission.render(admission.admit_bound_pods(cluster, layouts)))
     print()
     print(isolation_stage())
+    print()
+    print(dra_stage([pod for _, pods in manifests for pod in pods]))
     return 0
 
 

@@ -10,9 +10,9 @@ from typing import Final
 
 from gpushare import annotation
 from gpushare.cluster import Cluster
-from gpushare.deviceplugin.backends.mock import MockBackend
 from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpushare.environment import CGPU_DISABLE, CORE_PERCENTAGE, NVIDIA_VISIBLE_DEVICES
+from gpushare.gpunode.backends.mock import MockBackend
 from gpushare.objects import Pod
 from gpushare.standins.kubelet import KubeletStandIn
 

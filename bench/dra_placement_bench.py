@@ -129,7 +129,7 @@ def cell(value: object, digits: int = 2) -> str:
 
 HEADER = (
     "system", "@90", "@100", "@130", "ratio90", "8gpu<=100", "multi", "nodes@50", "gpus@50",
-    "writes/pod", "run s",
+    "writes/pod", "secs",
 )  # fmt: skip
 
 

@@ -140,6 +140,7 @@ def test_slugs_follow_github():
 def _registries() -> list[Any]:
     """The registries of the three components, with every family they can export."""
     from gpushare.deviceplugin.metrics import PluginMetrics
+    from gpushare.draplugin.metrics import DriverMetrics
     from gpushare.extender.cache import SchedulerCache
     from gpushare.extender.metrics import ExtenderMetrics
     from gpushare.isolation.metrics import AgentMetrics
@@ -150,6 +151,7 @@ def _registries() -> list[Any]:
         plugin.registry,
         ExtenderMetrics(SchedulerCache()).registry,
         AgentMetrics("node").registry,
+        DriverMetrics("node", lambda: {0: (4, 0, 1)}).registry,
     ]
 
 
@@ -184,7 +186,7 @@ def test_every_exported_metric_is_described_in_the_metrics_page():
 
 
 METRIC_NAME = re.compile(
-    r"gpushare_(?:gpu|device_plugin|extender|admission|isolation|scheduler)_\w+(?![\w*])"
+    r"gpushare_(?:gpu|device_plugin|dra_plugin|extender|admission|isolation|scheduler)_\w+(?![\w*])"
 )
 """A metric name; a family written `gpushare_gpu_*` in prose is not one."""
 

@@ -31,6 +31,7 @@ from gpushare.deviceplugin.metrics import (
     PluginMetrics,
     Refusal,
 )
+from gpushare.draplugin.metrics import DriverMetrics, Outcome
 from gpushare.errors import Rule
 from gpushare.extender.cache import SchedulerCache
 from gpushare.extender.metrics import (
@@ -72,6 +73,7 @@ SOURCES: Mapping[tuple[str, str], Iterable[str]] = {
     ("gpushare_isolation_memory_backstop_actions", "action"): MemoryAction,
     ("gpushare_isolation_region_distrusted", "reason"): RegionRefusal,
     ("gpushare_isolation_control_writes_refused", "file"): FILE_NAMES,
+    ("gpushare_dra_plugin_prepares", "outcome"): Outcome,
 }
 """Labels whose values are a fixed set, by metric."""
 
@@ -139,7 +141,12 @@ def agent() -> CollectorRegistry:
     return metrics.registry
 
 
-COMPONENTS = [extender, device_plugin, agent]
+def dra_driver() -> CollectorRegistry:
+    """The DRA driver of a node whose GPU 0 holds one prepared claim's 4 GiB."""
+    return DriverMetrics(NODE, lambda: {0: (4, 0, 1)}).registry
+
+
+COMPONENTS = [extender, device_plugin, agent, dra_driver]
 
 
 def _labelled(registry: CollectorRegistry) -> list[tuple[str, str, tuple[str, ...]]]:

@@ -1,5 +1,6 @@
-"""docs/kind.md and docs/coexistence.md say what the chart does: the `helm install`
-commands they give render, and the labels and resources they name are the code's."""
+"""docs/kind.md, docs/coexistence.md and docs/install.md say what the chart does: the
+`helm install` commands they give render, and the labels and resources they name are
+the code's."""
 
 import re
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 from gpushare.inventory import parse_layout
 from gpushare.labels import LABEL_LEGACY_CGPU, LABEL_LEGACY_SHARE, LABEL_SCHEDULE, NodeMode
 from gpushare.resources import MANAGED_RESOURCES
-from tests.chart.rendering import CHART, render
+from tests.chart.rendering import CHART, FULLNAME, render
 
 DOCS = CHART.parents[1] / "docs"
 HELM_INSTALL = re.compile(r"helm install gpushare .*?(?<!\\)\n", re.S)
@@ -80,3 +81,47 @@ def test_coexistence_names_the_labels_the_chart_selects_and_the_resources_it_adv
         t["key"] for t in render().one("DaemonSet")["spec"]["template"]["spec"]["tolerations"]
     }
     assert "nvidia.com/gpu" in tolerated and "`nvidia.com/gpu:NoSchedule`" in text
+
+
+def dra_section() -> str:
+    text = (DOCS / "install.md").read_text()
+    return text.split("\n## DRA mode\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_dra_installs_render_on_the_versions_the_guide_gives_them():
+    """The first command is for 1.36 and later; the second, with the gate value, for
+    1.34 and 1.35, where the first is refused naming the gate."""
+    latest, gated = [
+        set_values(m.group(0).replace("\\\n", " ")) for m in HELM_INSTALL.finditer(dra_section())
+    ]
+    assert latest["dra"] == {"enabled": True}
+    assert render(latest, kube_version="v1.36.0").one("DaemonSet", f"{FULLNAME}-dra-node")
+    with pytest.raises(helm.HelmRenderError, match="DRAConsumableCapacity"):
+        render(latest, kube_version="v1.35.0")
+    assert gated["dra"] == {"enabled": True, "consumableCapacityGate": True}
+    for version in ("v1.34.0", "v1.35.0"):
+        assert render(gated, kube_version=version).one("DaemonSet", f"{FULLNAME}-dra-node")
+
+
+def test_the_dra_section_names_the_label_the_values_and_the_objects_of_the_chart():
+    section = " ".join(dra_section().split())
+    rendered = render({"dra": {"enabled": True}}, kube_version="v1.36.0")
+    spec = rendered.one("DaemonSet", f"{FULLNAME}-node")["spec"]["template"]["spec"]
+    affinity = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    [expression] = {
+        (e["key"], e["operator"], tuple(e["values"]))
+        for t in affinity["nodeSelectorTerms"]
+        for e in t["matchExpressions"]
+        if e["key"] != LABEL_SCHEDULE and e["key"] not in (LABEL_LEGACY_SHARE, LABEL_LEGACY_CGPU)
+    }
+    key, operator, values = expression
+    assert f"`{key} {operator} [{', '.join(values)}]`" in section
+    assert f"{key}=dra" in section
+    assert "kubectl label node <NODE> ack.node.gpu.schedule=cgpu gpushare.io/driver=dra" in section
+    with helm.Chart.load(CHART) as chart:
+        values = chart.values["dra"]
+    for name in values:
+        assert f"`dra.{name}" in section, name
+    for name in ("dra-node", "dra-plugin-own-node"):
+        assert name in section
+    assert rendered.one("DeviceClass")["metadata"]["name"] in section

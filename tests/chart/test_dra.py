@@ -372,9 +372,11 @@ def test_the_driver_mounts_the_kubelet_cdi_and_state_dirs_at_the_nodes_own_paths
     spec = pod_spec(rendered, DRA_NODE)
     found = mounts(spec, driver(rendered))
     registry, plugins = f"{kubelet}/plugins_registry", f"{kubelet}/plugins/{DRIVER}"
+    device_plugins = f"{kubelet}/device-plugins"  # only to see the device plugin's socket
     assert found == {
         registry: (registry, False),
         plugins: (plugins, False),
+        device_plugins: (device_plugins, True),
         "/var/run/cdi": ("/var/run/cdi", False),
         "/var/lib/gpushare/dra": ("/var/lib/gpushare/dra", False),
         "/var/lib/gpushare/interposer": ("/var/lib/gpushare/interposer", False),
@@ -453,8 +455,14 @@ def test_the_dra_pods_metrics_are_served_and_scraped_when_asked():
     selector = rendered.one("DaemonSet", DRA_NODE)["spec"]["selector"]["matchLabels"]
     assert service["spec"]["selector"] == selector
     assert service["spec"]["clusterIP"] == "None"
-    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
-    assert ports == {"dra-metrics": 9403, "agent-metrics": 9402}
+    ports = {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]}
+    assert ports == {"dra-metrics": (9403, "dra-metrics"), "agent-metrics": (9402, "agent-metrics")}
+    served = {
+        port["name"]: port["containerPort"]
+        for c in pod_spec(rendered, DRA_NODE)["containers"]
+        for port in c.get("ports", [])
+    }
+    assert served == {name: number for name, (number, _) in ports.items()}
     monitor = rendered.one("ServiceMonitor", DRA_NODE)
     assert monitor["spec"]["selector"]["matchLabels"] == selector
     assert monitor["metadata"]["labels"]["r"] == "p"
@@ -910,11 +918,6 @@ def test_the_extender_reads_the_charts_dra_claims_flag(on_136):
     assert build_parser().parse_args(container(spec, "extender")["args"]).dra_claims is True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`gpushare uninstall-cleanup --resource-slice-driver DRIVER` is not built yet: "
-    "remove this mark when it is",
-)
 def test_the_cleanup_command_reads_the_hooks_slice_flag(on_136):
     from gpushare.cli.main import build_parser
 

@@ -8,7 +8,8 @@ import pytest
 
 from gpushare.cli.main import main
 from gpushare.cluster.memory import MemoryCluster
-from gpushare.inventory import NODE_GPUS_ANNOTATION
+from gpushare.dra.slices import NodeRef, node_slice
+from gpushare.inventory import NODE_GPUS_ANNOTATION, Gpu
 from tests.builders import node
 from tests.kubecluster.apiserver import ApiServer
 
@@ -176,3 +177,20 @@ def test_a_lease_must_be_namespace_slash_name(value, capsys):
         main(["uninstall-cleanup", "--lease", value])
     assert exit_.value.code == 2
     assert "expected NAMESPACE/NAME" in capsys.readouterr().err
+
+
+def test_deletes_every_resource_slice_of_the_driver_and_only_those(memory, kubeconfig, capsys):
+    gpus = (Gpu(0, "GPU-a", 16),)
+    for name in ("gpu-a", "gpu-b"):
+        memory.create_resource_slice(node_slice(NodeRef(name, f"uid-{name}"), gpus, None, False))
+    theirs = node_slice(NodeRef("gpu-a", "uid-gpu-a"), gpus, None, False)
+    theirs = theirs.model_copy(
+        update={"spec": theirs.spec.model_copy(update={"driver": "gpu.nvidia.com"})}
+    )
+    memory.create_resource_slice(theirs)
+
+    assert cleanup(kubeconfig, "--resource-slice-driver", "gpu.gpushare.io") == 0
+
+    assert memory.list_resource_slices("gpu.gpushare.io") == []
+    assert [s.spec.driver for s in memory.list_resource_slices()] == ["gpu.nvidia.com"]
+    assert capsys.readouterr().out.count("removed ResourceSlice gpu-") == 2

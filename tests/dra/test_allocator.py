@@ -62,7 +62,7 @@ def test_a_claim_of_4gi_and_30_cores_does_not_fit_beside_12gi_on_a_15gi_gpu():
     node = ledger(shared_gpu(0))
     allocated(node.allocate(claim(gpus("big", memory=12 * GI))))
     message = unfit(node.allocate(claim(gpus("main", memory=4 * GI, cores=30))))
-    assert f"memory: {12 * GI} of {15 * GI} in use" in message
+    assert "memory: 12Gi of 15Gi in use" in message
     # 3Gi and 30 cores is what is left: it fits.
     assert devices(node.allocate(claim(gpus("main", memory=3 * GI, cores=30)))) == ["gpu-0"]
 
@@ -77,7 +77,7 @@ def test_a_whole_gpu_claim_takes_the_gpu():
     # gpu-0 still takes small claims; gpu-1 takes none.
     assert devices(node.allocate(claim(gpus("small", memory=GI)))) == ["gpu-0"]
     allocated(node.allocate(claim(gpus("rest", memory=13 * GI))))
-    assert f"gpu-1 memory: {15 * GI} of {15 * GI} in use" in unfit(
+    assert "gpu-1 memory: 15Gi of 15Gi in use" in unfit(
         node.allocate(claim(gpus("more", memory=GI)))
     )
 

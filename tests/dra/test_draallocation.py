@@ -14,6 +14,7 @@ from gpushare.dra.allocator import Allocation, Unfit
 from gpushare.dra.objects import (
     DeviceClass,
     ResourceClaim,
+    ResourceClaimSpec,
     ResourcePool,
     ResourceSlice,
 )
@@ -24,6 +25,7 @@ from gpushare.objects import ObjectMeta, Pod
 from gpushare.standins.draallocation import (
     DraAllocationStandIn,
     UnsupportedClaim,
+    device_claim,
     node_devices,
     node_selector,
     selector,
@@ -257,17 +259,18 @@ def test_distinct_attribute_constraints_are_honoured():
 
 
 def test_only_a_pools_newest_complete_generation_is_allocatable():
-    def piece(generation: int, slices: int, *indices: int) -> ResourceSlice:
+    def piece(generation: int, slices: int, *indices: int, pool_name: str = "n1") -> ResourceSlice:
         made = node_slice(
             NodeRef("n1", "uid"), [Gpu(i, f"GPU-{i}", 15) for i in indices], NodeMode.SHARE, True
         )
-        pool = ResourcePool(name="n1", generation=generation, resource_slice_count=slices)
+        pool = ResourcePool(name=pool_name, generation=generation, resource_slice_count=slices)
         return made.model_copy(update={"spec": made.spec.model_copy(update={"pool": pool})})
 
     names = lambda slices: [d.name for d in node_devices(slices)]  # noqa: E731
     assert names([piece(0, 1, 0, 1), piece(1, 1, 2)]) == ["gpu-2"]
     assert names([piece(1, 2, 0), piece(1, 2, 1)]) == ["gpu-0", "gpu-1"]
     assert names([piece(1, 2, 0)]) == []  # one of its two slices: incomplete
+    assert names([piece(1, 2, 0), piece(0, 1, 5, pool_name="other")]) == ["gpu-5"]
 
 
 def test_slice_devices_keep_their_capacities_and_policies():
@@ -279,6 +282,14 @@ def test_slice_devices_keep_their_capacities_and_policies():
     assert device.capacity == expected.capacity
     assert device.allow_multiple_allocations
     assert device.attribute("gpu.gpushare.io/uuid") == "GPU-0"
+
+
+def test_a_request_without_count_asks_one_device():
+    spec = ResourceClaimSpec.model_validate(
+        {"devices": {"requests": [{"name": "m", "exactly": {"deviceClassName": DRIVER}}]}}
+    )
+    classes = {DRIVER: DeviceClass.model_validate({"metadata": {"name": DRIVER}})}
+    assert [r.count for r in device_claim(spec, classes).requests] == [1]
 
 
 def test_the_node_selector_names_the_node():

@@ -202,3 +202,23 @@ def test_kubectl_inspect_cgpu_shows_the_prepared_pods(rig):
     assert problems == []
     assert (report.name, report.totals, report.used) == (NODE, (16, 16), (0, 4))
     assert [(name, gib) for name, _, gib in report.pods] == [("train", (0, 4))]
+
+
+def test_the_metrics_count_outcomes_and_what_the_claims_hold(rig):
+    registry = rig.driver.metrics.registry
+
+    def value(name, **labels):
+        return registry.get_sample_value(name, {"node": NODE, **labels})
+
+    assert value("gpushare_dra_plugin_prepares_total", outcome="over-commit") == 0
+    first = rig.place(pod("a", mem=10), [shared("main", "gpu-1", 10)])
+    rig.kubelet.prepare(first.pod.metadata.uid, [first.pod_claim])
+    second = rig.place(pod("b", mem=7), [shared("main", "gpu-1", 7)])
+    with pytest.raises(PrepareFailed):
+        rig.kubelet.prepare(second.pod.metadata.uid, [second.pod_claim])
+    assert value("gpushare_dra_plugin_prepares_total", outcome="prepared") == 1
+    assert value("gpushare_dra_plugin_prepares_total", outcome="over-commit") == 1
+    assert value("gpushare_dra_plugin_gpu_memory_held_gib", gpu="1") == 10
+    assert value("gpushare_dra_plugin_gpu_claims", gpu="1") == 1
+    assert value("gpushare_dra_plugin_sharing") == 1
+    assert value("gpushare_dra_plugin_slice_writes_total") >= 1

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import artifacts as released
-from tests.e2e import bridge, results
+from tests.e2e import bridge, localdra, results
 from tests.e2e import local as local_tier
 from tests.e2e.chart_scenarios import Installed
 from tests.e2e.helm import HelmRelease
@@ -254,16 +254,38 @@ def chart_cluster(
     yield from _up_for_the_tests(cluster, "chart", tmp_path_factory)
 
 
+@pytest.fixture(scope="module", params=local_tier.sources() or [None], ids=_version_id)
+def dra_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[localdra.LocalDraCluster]:
+    """The local cluster with gpushare in DRA mode (tests/e2e/localdra.py), one per
+    Kubernetes version from 1.34 on. It takes turns with `local` and `chart_cluster`."""
+    source: Path | None = request.param
+    reason = local_tier.missing_prerequisites(source)
+    if reason:
+        pytest.skip(reason)
+    assert source is not None
+    root = Path(os.environ.get("GPUSHARE_E2E_STATE_ROOT", "/tmp"))
+    bins = local_tier.binaries(source, root)
+    reason = localdra.unsupported(bins)
+    if reason:
+        pytest.skip(reason)
+    state = root / f"gpushare-dra-{bins.version}"
+    cluster = localdra.LocalDraCluster(kubeconfig=state / "kubeconfig", state=state, bins=bins)
+    yield from _up_for_the_tests(cluster, "dra", tmp_path_factory)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each Kubernetes version's clusters come up once: all tests on the host-process
-    cluster of a version, then all on its chart cluster, then the next version
-    (the two kinds of cluster take turns on this machine's fixed ports)."""
+    cluster of a version, then all on its chart cluster, then all on its DRA cluster,
+    then the next version (the kinds of cluster take turns on this machine's fixed
+    ports)."""
 
     def turn(item: pytest.Item) -> tuple[str, int] | None:
         callspec = getattr(item, "callspec", None)
         params = callspec.params if callspec is not None else {}
-        for kind, fixture in enumerate(("local", "chart_cluster")):
+        for kind, fixture in enumerate(("local", "chart_cluster", "dra_cluster")):
             if fixture in params:
                 return (_version_id(params[fixture]), kind)
         return None
@@ -276,7 +298,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def _cluster_is_up(request: pytest.FixtureRequest) -> None:
-    """A test of the host-process cluster never runs on one the chart tier took down."""
-    if "local" in request.fixturenames:
-        cluster = request.getfixturevalue("local")
-        assert cluster.is_up, f"the {cluster.version} cluster was taken down before this test"
+    """A test of a host-process cluster never runs on one another tier took down."""
+    for name in ("local", "dra_cluster"):
+        if name in request.fixturenames:
+            cluster = request.getfixturevalue(name)
+            assert cluster.is_up, f"the {cluster.version} cluster was taken down before this test"

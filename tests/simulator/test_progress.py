@@ -75,7 +75,7 @@ def test_a_run_reports_about_a_hundred_times_and_always_its_end():
 @pytest.mark.parametrize("workers", [1, 2])
 def test_runs_here_and_in_workers_fill_their_bars(small, workers):
     screen = Terminal()
-    jobs = [(PolicyChoice.parse("bestfit"), seed, 1.3, None) for seed in (42, 43)]
+    jobs = [(PolicyChoice.parse("bestfit"), seed, 1.3, None, None) for seed in (42, 43)]
     bars = RunBars(len(jobs), screen)
     for result in run_all(small, jobs, workers, bars):
         bars.finished(result.policy, result.seed)

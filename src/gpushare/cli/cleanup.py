@@ -4,7 +4,8 @@ cluster while they ran, which `helm uninstall` cannot know about.
 Helm deletes only the objects the chart rendered. The device plugin annotates each
 GPU node with `gpushare.io/gpus` (at start and on every GPU health change, never at
 shutdown); kube-scheduler holds a leader-election Lease; with cert-manager, the
-webhook's certificate Secret outlives its Certificate. The chart's post-delete hook
+webhook's certificate Secret outlives its Certificate; in DRA mode the driver's
+ResourceSlices stay until the kubelet notices the driver gone. The chart's post-delete hook
 runs this command to remove them. Every step is idempotent (a node without the
 annotation, a Lease already gone), so the hook can run again. Pods are not touched:
 running pods keep their GPUs until they end.
@@ -83,6 +84,14 @@ def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
         help="a Secret to delete (the webhook certificate cert-manager leaves); repeat for each",
     )
     parser.add_argument(
+        "--resource-slice-driver",
+        action="append",
+        default=[],
+        metavar="DRIVER",
+        help="delete every ResourceSlice of this DRA driver (DRA mode: gpu.gpushare.io); "
+        "repeat for each",
+    )
+    parser.add_argument(
         "--kubeconfig",
         default=None,
         help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)",
@@ -95,9 +104,11 @@ def clean(
     leases: Sequence[ObjectName],
     secrets: Sequence[ObjectName] = (),
     say: Callable[[str], None] = print,
+    slice_drivers: Sequence[str] = (),
 ) -> Report:
-    """Removes the annotation from every node that has it, then the Leases and
-    Secrets; goes on past a failure so that one run removes all it may."""
+    """Removes the annotation from every node that has it, then the Leases, Secrets
+    and the DRA drivers' ResourceSlices; goes on past a failure so that one run removes
+    all it may."""
     report = Report()
     try:
         nodes = cluster.list_nodes().items
@@ -127,6 +138,19 @@ def clean(
             f"secret {secret}",
             partial(cluster.delete_secret, secret.namespace, secret.name),
         )
+    for driver in slice_drivers:
+        try:
+            slices = cluster.list_resource_slices(driver=driver)
+        except ClusterError as err:
+            report.failed.append(f"list the ResourceSlices of {driver}: {err}")
+            continue
+        for found in slices:
+            _remove(
+                report,
+                say,
+                f"ResourceSlice {found.metadata.name} of {driver}",
+                partial(cluster.delete_resource_slice, found.metadata.name),
+            )
     return report
 
 
@@ -158,12 +182,19 @@ def run(args: argparse.Namespace) -> int:
     cluster = KubeCluster.from_config(args.kubeconfig)  # ConfigException: gpushare main says it
     leases = ", ".join(map(str, args.lease)) or "none"
     secrets = ", ".join(map(str, args.secret)) or "none"
+    drivers = ", ".join(args.resource_slice_driver) or "none"
     print(
         f"{PROG}: removing {NODE_GPUS_ANNOTATION} from every node, Leases {leases}, "
-        f"Secrets {secrets} (API from {cluster.origin})",
+        f"Secrets {secrets}, the ResourceSlices of {drivers} (API from {cluster.origin})",
         flush=True,
     )
-    report = clean(cluster, args.lease, args.secret, say=lambda line: print(line, flush=True))
+    report = clean(
+        cluster,
+        args.lease,
+        args.secret,
+        say=lambda line: print(line, flush=True),
+        slice_drivers=args.resource_slice_driver,
+    )
     for failure in report.failed:
         print(f"{PROG}: failed: {failure}", file=sys.stderr)
     print(f"{PROG}: {report.summary()}")

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from gpushare.dra.objects import format_quantity
+
 
 @dataclass(frozen=True, slots=True)
 class ValidRange:
@@ -119,6 +121,13 @@ def fits(
         value, already = capacity[name].value, used.get(name, 0)
         if already + amount > value:
             return Ineligible(
-                name, f"{name}: {already} of {value} in use, {amount} more does not fit"
+                name,
+                f"{name}: {_quantity(already)} of {_quantity(value)} in use, "
+                f"{_quantity(amount)} more does not fit",
             )
     return taken
+
+
+def _quantity(units: int) -> str:
+    """A number of base units as a person reads it: 16Gi for bytes, 20 for shares."""
+    return format_quantity(units, binary=True) if units and units % 1024 == 0 else str(units)

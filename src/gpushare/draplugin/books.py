@@ -136,6 +136,15 @@ class PreparedClaims:
             if over:
                 raise OverCommitted(f"GPU {index}: " + "; ".join(over))
 
+    def held(self) -> dict[int, tuple[int, int, int]]:
+        """Per GPU index: GiB, compute percent and slices the prepared claims hold."""
+        return {
+            index: (mem, core, shares)
+            for index, (mem, core, shares, _) in usage(
+                c for claim in self._claims.values() for c in claim.containers
+            ).items()
+        }
+
     def put(self, claim: PreparedClaim) -> None:
         self._claims[claim.uid] = claim
         self._save()

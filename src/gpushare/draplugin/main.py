@@ -21,6 +21,7 @@ from typing import Final
 from gpushare.cluster import Cluster, ClusterError, DraCluster
 from gpushare.commandline import add_version_flag, exit_status
 from gpushare.draplugin.books import PreparedClaims
+from gpushare.draplugin.metrics import DriverMetrics
 from gpushare.draplugin.node import DriverNode
 from gpushare.draplugin.preparer import Preparer
 from gpushare.draplugin.publisher import SlicePublisher
@@ -31,6 +32,7 @@ from gpushare.gpunode.backends.nvml import NvmlBackend
 from gpushare.gpunode.backends.port import DeviceBackend
 from gpushare.gpunode.interposer import InterposerMounts
 from gpushare.nodeflags import add_node_flags, check_node_flags
+from gpushare.nodeflags.serving import start_metrics
 from gpushare.nvmllib import bindings
 from gpushare.resources import GPU_MEM, RESOURCE
 
@@ -120,6 +122,7 @@ class Driver:
     backend: DeviceBackend
     cluster: Cluster
     stop_event: threading.Event
+    metrics: DriverMetrics
 
     def start(self) -> None:
         self.node.set_gpus(self.backend.discover())
@@ -144,18 +147,26 @@ def build(
     args: argparse.Namespace, cluster: Cluster, dra: DraCluster, backend: DeviceBackend
 ) -> Driver:
     node = DriverNode(args.node_name)
-    publisher = SlicePublisher(
-        node, cluster, dra, sharing=args.sharing == "on", refresh=lambda: follow_node(cluster, node)
-    )
-    node.on_change(publisher.wake)
     books = PreparedClaims(args.state_dir, args.cdi_dir)
     books.load()
+    metrics = DriverMetrics(args.node_name, books.held)
+    publisher = SlicePublisher(
+        node,
+        cluster,
+        dra,
+        sharing=args.sharing == "on",
+        refresh=lambda: follow_node(cluster, node),
+        metrics=metrics,
+    )
+    node.on_change(publisher.wake)
     interposer = InterposerMounts(args.interposer_dir) if args.interposer_dir else None
-    preparer = Preparer(node, cluster, dra, books, backend, args.cdi_dir, interposer)
+    preparer = Preparer(node, cluster, dra, books, backend, args.cdi_dir, interposer, metrics)
     socket = dra_socket(args.kubelet_root / "plugins", DRIVER_NAME)
     server = DraServer(socket, preparer)
     registration = RegistrationServer(args.kubelet_root / "plugins_registry", DRIVER_NAME, socket)
-    return Driver(node, publisher, server, registration, backend, cluster, threading.Event())
+    return Driver(
+        node, publisher, server, registration, backend, cluster, threading.Event(), metrics
+    )
 
 
 def follow_node(cluster: Cluster, node: DriverNode) -> None:
@@ -188,6 +199,12 @@ def run(args: argparse.Namespace, cluster: Cluster, dra: DraCluster, stop: threa
         return 1
     try:
         driver = build(args, cluster, dra, build_backend(args))
+    except (ValueError, RuntimeError, OSError) as err:
+        log.error("gpushare-dra-plugin cannot start: %s", err)
+        return 1
+    if not start_metrics(args.metrics_port, driver.metrics.registry, log):
+        return 1
+    try:
         driver.start()
     except (ValueError, RuntimeError, OSError) as err:
         log.error("gpushare-dra-plugin cannot start: %s", err)

@@ -32,6 +32,7 @@ from gpushare.dra.claims import (
 from gpushare.dra.objects import ResourceClaim, quantity_units
 from gpushare.draplugin import cdi
 from gpushare.draplugin.books import Answer, OverCommitted, PreparedClaim, PreparedClaims
+from gpushare.draplugin.metrics import DriverMetrics, Outcome
 from gpushare.draplugin.node import DriverNode, NodeSnapshot
 from gpushare.draplugin.server import ClaimRef, PreparedDevice, PrepareResult
 from gpushare.environment import container_env, isolated_at_the_call, limits_from_env
@@ -48,6 +49,10 @@ class PrepareError(Exception):
     FailedPrepareDynamicResources event) as is."""
 
 
+class OverCommit(PrepareError):
+    """The claim does not fit beside those prepared on the node."""
+
+
 class Preparer:
     def __init__(
         self,
@@ -58,7 +63,9 @@ class Preparer:
         backend: DeviceBackend,
         cdi_dir: Path,
         interposer: InterposerMounts | None = None,
+        metrics: DriverMetrics | None = None,
     ) -> None:
+        self._metrics = metrics or DriverMetrics(node.snapshot().name)
         self._node = node
         self._cluster = cluster
         self._dra = dra
@@ -77,6 +84,9 @@ class Preparer:
                     prepared = self._prepare(ref)
             except PrepareError as err:
                 log.warning("claim %s/%s not prepared: %s", ref.namespace, ref.name, err)
+                self._metrics.prepared(
+                    Outcome.OVER_COMMIT if isinstance(err, OverCommit) else Outcome.ERROR
+                )
                 results[ref.uid] = PrepareResult(error=str(err))
                 continue
             results[ref.uid] = PrepareResult(devices=tuple(_device(a) for a in prepared.answers))
@@ -89,6 +99,7 @@ class Preparer:
                 with self._lock:
                     self._unprepare(ref)
                 errors[ref.uid] = ""
+                self._metrics.unprepared()
             except OSError as err:
                 errors[ref.uid] = f"claim {ref.namespace}/{ref.name}: {err}"
         return errors
@@ -96,6 +107,7 @@ class Preparer:
     def _prepare(self, ref: ClaimRef) -> PreparedClaim:
         known = self._books.get(ref.uid)
         if known is not None and not known.recovered:
+            self._metrics.prepared(Outcome.REPEATED)
             return known
         claim = self._claim(ref)
         pod = self._pod(claim)
@@ -123,7 +135,7 @@ class Preparer:
         try:
             self._books.check_fits(record, snapshot.by_index())
         except OverCommitted as err:
-            raise PrepareError(
+            raise OverCommit(
                 f"claim {claim.key} would over-commit a GPU of node {snapshot.name} ({err}): "
                 "the scheduler's view and the node's disagree; it is refused rather than "
                 "given capacity another container holds"
@@ -144,6 +156,7 @@ class Preparer:
         )
         record = record.model_copy(update={"answers": answers})
         self._books.put(record)
+        self._metrics.prepared(Outcome.PREPARED)
         self._annotate(pod, allocation)
         log.info(
             "prepared claim %s for pod %s: %s",

@@ -23,6 +23,7 @@ from gpushare.cluster import Cluster, ClusterError, DraCluster
 from gpushare.dra.claims import DRIVER
 from gpushare.dra.objects import ResourceSlice
 from gpushare.dra.slices import NodeRef, node_slice
+from gpushare.draplugin.metrics import DriverMetrics
 from gpushare.draplugin.node import DriverNode
 from gpushare.inventory import NODE_GPUS_ANNOTATION, Gpu, encode_gpus
 
@@ -42,7 +43,9 @@ class SlicePublisher:
         resync_s: float = RESYNC_S,
         backoff: Backoff | None = None,
         refresh: Callable[[], None] = lambda: None,
+        metrics: DriverMetrics | None = None,
     ) -> None:
+        self._metrics = metrics or DriverMetrics(node.snapshot().name)
         self._node = node
         self._cluster = cluster
         self._refresh = refresh
@@ -102,6 +105,9 @@ class SlicePublisher:
         else:
             stored = current
         if stored is not current:
+            self._metrics.slice_written(
+                any(d.allow_multiple_allocations for d in stored.spec.devices)
+            )
             self._annotate_node(snapshot.name, snapshot.gpus)
         if sharing and _lost_sharing(desired, stored):
             self.sharing_lost = True

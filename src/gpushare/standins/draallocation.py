@@ -305,7 +305,7 @@ def _binary(device: Device, capacity: str) -> bool:
     """Whether to write the capacity's amounts with binary suffixes: where its value is a
     multiple of 1024 (memory, "15Gi"), not for counts (cores "100", shares "20")."""
     value = device.capacity[capacity].value
-    return value > 0 and value % 1024 == 0
+    return value % 1024 == 0
 
 
 def _config(

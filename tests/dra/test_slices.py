@@ -109,7 +109,7 @@ def test_an_unhealthy_gpu_is_not_published():
 
 
 def test_an_api_server_without_consumable_capacity_drops_the_sharing_silently():
-    # What the driver must notice after its write (docs/dra.md#releases).
+    # What the driver must notice after its write (docs/dra.md#what-each-release-needs).
     published = node_slice(NODE, GPUS, NodeMode.CORE_MEM, True)
     stored = drop_disabled_fields(published, ApiGates.of(ApiRelease.V1_35))
     device = stored.spec.devices[0]

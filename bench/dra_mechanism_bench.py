@@ -1,4 +1,5 @@
-"""How ACK's `aliyun.com/gpu-mem: N` can reach DRA, measured (docs/dra.md#the-mechanism-and-what-the-other-one-would-cost).
+"""How ACK's `aliyun.com/gpu-mem: N` can reach DRA, measured
+(docs/dra.md#the-mechanism-and-what-the-other-one-would-cost).
 
 (a) ours: the webhook rewrites the pod to a claim asking N GiB of `memory` capacity on
     one shareable device per GPU;

@@ -93,7 +93,8 @@ def only_result(claim: dict[str, Any]) -> dict[str, Any]:
 
 
 def spec_file(claim: dict[str, Any], request: str = REQUEST) -> str:
-    """The CDI spec the driver writes for a claim's request (docs/dra.md#prepare-what-a-container-gets)."""
+    """The CDI spec the driver writes for a claim's request
+    (docs/dra.md#prepare-what-a-container-gets)."""
     return f"{DRIVER}-{claim['metadata']['uid']}-{request}.json"
 
 

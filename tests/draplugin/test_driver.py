@@ -22,6 +22,7 @@ from gpushare.environment import (
     POD,
 )
 from gpushare.grant import decode
+from gpushare.inventory import parse_layout
 from gpushare.labels import LABEL_SCHEDULE
 from gpushare.standins.drakubelet import PrepareFailed
 from tests.builders import pod
@@ -222,3 +223,10 @@ def test_the_metrics_count_outcomes_and_what_the_claims_hold(rig):
     assert value("gpushare_dra_plugin_gpu_claims", gpu="1") == 1
     assert value("gpushare_dra_plugin_sharing") == 1
     assert value("gpushare_dra_plugin_slice_writes_total") >= 1
+
+
+def test_a_gpu_added_or_gone_is_published(rig):
+    rig.backend.set_gpus(parse_layout("3x16GiB", NODE))
+    assert eventually(lambda: len(rig.slices()[0].spec.devices) == 3)
+    rig.backend.set_gpus(parse_layout("1x16GiB", NODE))
+    assert eventually(lambda: [d.name for d in rig.slices()[0].spec.devices] == ["gpu-0"])

@@ -155,7 +155,7 @@ def build(
         cluster,
         dra,
         sharing=args.sharing == "on",
-        refresh=lambda: follow_node(cluster, node),
+        refresh=lambda: refresh(cluster, backend, node),
         metrics=metrics,
     )
     node.on_change(publisher.wake)
@@ -178,6 +178,21 @@ def follow_node(cluster: Cluster, node: DriverNode) -> None:
         log.warning("node %s cannot be read: %s", name, err)
         return
     node.set_node(found.metadata.uid, found.metadata.labels)
+
+
+def refresh(cluster: Cluster, backend: DeviceBackend, node: DriverNode) -> None:
+    """What the publisher reads again at each resync: the Node and the GPUs."""
+    follow_node(cluster, node)
+    rediscover(backend, node)
+
+
+def rediscover(backend: DeviceBackend, node: DriverNode) -> None:
+    """Lists the node's GPUs again: one added is published, one gone leaves the slice
+    (its claims keep what they hold). A failed listing keeps the GPUs known."""
+    try:
+        node.set_gpus(backend.discover())
+    except RuntimeError as err:
+        log.warning("the node's GPUs cannot be listed again: %s", err)
 
 
 def device_plugin_present(kubelet_root: Path) -> Path | None:

@@ -1,8 +1,8 @@
 """Keeps the node's ResourceSlice equal to its GPUs (DRA-INTERFACES §4, §8).
 
-Published at start, again on every change of the GPUs or their health, and every
-`resync_s` the node is read again (its mode: a label change is published within that
-time) and the slice checked against what the API holds: the kubelet deletes
+Published at start, again on every change of the GPUs' health, and every `resync_s`
+the node and its GPUs are read again (a label change of its mode, a GPU added or gone
+is published within that time) and the slice checked against what the API holds: the kubelet deletes
 every slice of its node when it starts, and a driver's slices 30 s after it lost the
 driver (§3), so a slice that went missing is made again. A changed slice is written
 with the pool's generation one higher.

@@ -456,6 +456,7 @@ def _call(
     process = subprocess.Popen(
         command, cwd=cwd, env=env, text=True, start_new_session=True,
         stdout=subprocess.PIPE if quiet else None, stderr=subprocess.PIPE,
+        preexec_fn=_interruptible,
     )  # fmt: skip
     stopped = False
     try:
@@ -469,6 +470,13 @@ def _call(
             os.killpg(process.pid, signal.SIGKILL)
             out, err = process.communicate()
     return subprocess.CompletedProcess(command, process.returncode, out, err), stopped
+
+
+def _interruptible() -> None:
+    """In the child: SIGINT as Python has it by default. A shell starts a background job
+    with SIGINT ignored and children inherit that, so a run started with `&` or nohup
+    could not be stopped at its budget, nor could the tests' own pytest children."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def refresh_copied_sources(space: Space) -> None:

@@ -24,6 +24,7 @@ from gpushare.dra.objects import (
     DeviceSelector,
     ObjectMeta,
 )
+from gpushare.grant import GIB
 from gpushare.inventory import Gpu
 from gpushare.objects import Pod
 from gpushare.request import ContainerRequest, ContainerRole, PodRequest
@@ -46,8 +47,6 @@ SHARES: Final = "shares"
 SHARED_SELECTOR: Final = "device.allowMultipleAllocations == true"
 """A slice of a GPU only on a device that shares: a non-sharing device would give the
 whole GPU to a pod that asked a slice."""
-
-GIB: Final = 1024**3
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from gpushare.labels import LABEL_SCHEDULE
 from gpushare.objects import Node, Pod
 from gpushare.objects import ObjectMeta as PodMeta
 from gpushare.request import parse_pod_request
-from gpushare.standins.drakubelet import ClaimView, DraKubeletStandIn, PodClaim
+from gpushare.standins.drakubelet import DraKubeletStandIn, PodClaim, claim_lookup
 from tests.draplugin.rig import eventually
 
 NODE = "dra-node"
@@ -86,7 +86,7 @@ class DriverRig:
         self.kubelet = DraKubeletStandIn(
             self.kubelet_root,
             NODE,
-            self._claim_view,
+            claim_lookup(self.store),
             self.cdi_dir,
             wipe_slices=lambda node, driver: self.store.delete_resource_slices(node, driver),
             poll_interval=0.02,
@@ -182,23 +182,6 @@ class DriverRig:
         )
         claim = self.store.update_resource_claim_status(claim.model_copy(update={"status": status}))
         return Placed(pod, claim)
-
-    def _claim_view(self, namespace: str, name: str) -> ClaimView | None:
-        try:
-            claim = self.store.get_resource_claim(namespace, name)
-        except Exception:
-            return None
-        drivers = tuple(
-            dict.fromkeys(r.driver for r in claim.status.allocation.devices.results)
-            if claim.status.allocation
-            else ()
-        )
-        return ClaimView(
-            claim.metadata.uid or "",
-            claim.status.allocation is not None,
-            drivers,
-            tuple(sorted(claim.reserved_pod_uids())),
-        )
 
 
 def shared(request: str, device: str, mem_gib: int, cores: int = 0) -> DeviceResult:

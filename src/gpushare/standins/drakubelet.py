@@ -25,6 +25,7 @@ from typing import Final
 
 import grpc
 
+from gpushare.cluster import DraCluster, NotFound
 from gpushare.standins.cdi import CdiError, ContainerEdits, resolve
 from gpushare.standins.pluginwatcher import (
     APIS,
@@ -296,3 +297,23 @@ def _answered(
     if skipped:
         raise failure(f"{call} skipped {skipped} ResourceClaims")
     return sorted(answers.items())
+
+
+def claim_lookup(cluster: "DraCluster") -> ClaimLookup:
+    """What the kubelet reads of a claim, from the API (None when it does not exist)."""
+
+    def view(namespace: str, name: str) -> ClaimView | None:
+        try:
+            claim = cluster.get_resource_claim(namespace, name)
+        except NotFound:
+            return None
+        allocation = claim.status.allocation
+        results = allocation.devices.results if allocation else []
+        return ClaimView(
+            claim.metadata.uid or "",
+            allocation is not None,
+            tuple(dict.fromkeys(r.driver for r in results)),
+            tuple(sorted(claim.reserved_pod_uids())),
+        )
+
+    return view

@@ -16,7 +16,6 @@ from typing import Final
 import jsonpatch
 
 from gpushare.cli.demo.admission import SHOWN_PREFIXES
-from gpushare.cluster import NotFound
 from gpushare.cluster.memory import MemoryCluster
 from gpushare.dra.allocator import Unfit
 from gpushare.dra.claims import DRIVER, POD_CLAIM, device_class
@@ -30,7 +29,7 @@ from gpushare.objects import Node, Pod
 from gpushare.objects import ObjectMeta as NodeMeta
 from gpushare.request import parse_pod_request
 from gpushare.standins.draallocation import DraAllocationStandIn
-from gpushare.standins.drakubelet import ClaimLookup, ClaimView, DraKubeletStandIn, PodClaim
+from gpushare.standins.drakubelet import DraKubeletStandIn, PodClaim, claim_lookup
 
 NODE: Final = "gpu-node-dra"
 MODE: Final = "core_mem"
@@ -65,7 +64,7 @@ def run_stage(pods: list[Pod]) -> str:
             ]
         )
         driver = build(args, store, store, MockBackend.from_layout(LAYOUT, NODE))
-        kubelet = DraKubeletStandIn(work / "k", NODE, _claims(store), work / "cdi")
+        kubelet = DraKubeletStandIn(work / "k", NODE, claim_lookup(store), work / "cdi")
         driver.start()
         kubelet.start()
         try:
@@ -127,26 +126,6 @@ def _run(store: MemoryCluster, kubelet: DraKubeletStandIn, pod: Pod) -> Outcome:
     }
     devices = ", ".join(f"{r.request} on {r.device}" for r in results)
     return Outcome(created.key, f"claim {claim_name} allocated: {devices}", env)
-
-
-def _claims(store: MemoryCluster) -> ClaimLookup:
-    """What the kubelet reads of a claim, from the store."""
-
-    def view(namespace: str, name: str) -> ClaimView | None:
-        try:
-            claim = store.get_resource_claim(namespace, name)
-        except NotFound:
-            return None
-        allocation = claim.status.allocation
-        results = allocation.devices.results if allocation else []
-        return ClaimView(
-            claim.metadata.uid or "",
-            allocation is not None,
-            tuple(dict.fromkeys(r.driver for r in results)),
-            tuple(claim.reserved_pod_uids()),
-        )
-
-    return view
 
 
 def _render(store: MemoryCluster, outcomes: list[Outcome]) -> str:

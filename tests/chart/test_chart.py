@@ -557,7 +557,11 @@ def test_scheduler_configuration_is_valid_for_kube_scheduler(values):
             for resource in strategy["resources"]:
                 assert set(resource) == {"name", "weight"} and 1 <= resource["weight"] <= 100
     assert config["percentageOfNodesToScore"] == 100
-    [extender] = config["extenders"]
+    extender, *claims = config["extenders"]  # DRA mode's second entry: tests/chart/test_dra.py
+    for entry in claims:
+        assert set(entry) <= EXTENDER_KEYS and "managedResources" not in entry
+        assert entry["prioritizeVerb"] and entry["weight"] == extender["weight"]
+    assert len(claims) == (1 if values.get("dra", {}).get("enabled") else 0)
     assert set(extender) <= EXTENDER_KEYS
     assert extender["prioritizeVerb"] and extender["weight"] >= 20
     assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == (

@@ -10,7 +10,9 @@ from typing import Any
 
 import helm_python as helm
 import pytest
+import yaml
 
+from gpushare.extender.metrics import Verb
 from tests.chart.rendering import (
     CHART,
     CUSTOM_KINDS,
@@ -22,7 +24,9 @@ from tests.chart.rendering import (
     dropped_fields,
     flags,
     render,
+    scheduler_config,
 )
+from tests.extender.test_scheduler_config import EXTENDER_KEYS
 
 DRIVER = "gpu.gpushare.io"
 DRIVER_LABEL = "gpushare.io/driver"
@@ -795,10 +799,30 @@ DRA_ADDITIONS = {
 }
 
 
+SCHEDULER_CONFIG_MAP = f"{FULLNAME}-scheduler-config"
+
+
+def _config_read(objects: list[dict]) -> list[dict]:
+    """The objects, the scheduler's configuration read from its text (to compare it
+    entry by entry)."""
+    for obj in objects:
+        if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == SCHEDULER_CONFIG_MAP:
+            obj["data"] = {k: yaml.safe_load(v) for k, v in obj["data"].items()}
+        template = obj.get("spec", {}).get("template", {}).get("metadata", {})
+        if "checksum/config" in template.get("annotations", {}):
+            template["annotations"]["checksum/config"] = "X"  # of the text compared above
+    return objects
+
+
 def without_dra(rendered: Rendered) -> list[dict]:
     """The objects, less exactly what DRA mode adds (at 1.36: no feature gate flag)."""
     kept = []
-    for obj in _masked_objects(rendered.objects):
+    for obj in _config_read(_masked_objects(rendered.objects)):
+        if obj["metadata"]["name"] == SCHEDULER_CONFIG_MAP:
+            config = obj["data"]["scheduler-config.yaml"]
+            config["extenders"] = [
+                e for e in config["extenders"] if e.get("prioritizeVerb") != Verb.PRIORITIZE_CLAIMS
+            ]
         labels = obj["metadata"].get("labels", {})
         if labels.get("app.kubernetes.io/component") == "dra-node":
             continue
@@ -826,7 +850,7 @@ MOCK_WITHOUT_AGENT = {"gpu": {"backend": "mock"}, "isolation": {"enabled": False
 
 @pytest.mark.parametrize("values", [{}, MOCK_WITHOUT_AGENT], ids=["nvml", "mock-without-agent"])
 def test_dra_mode_adds_its_objects_and_changes_nothing_else(values):
-    off = _masked_objects(render(values, kube_version=V136).objects)
+    off = _config_read(_masked_objects(render(values, kube_version=V136).objects))
     assert without_dra(dra(values)) == off
 
 
@@ -925,3 +949,32 @@ def test_the_cleanup_command_reads_the_hooks_slice_flag(on_136):
     c = container(spec, "uninstall-cleanup")
     args = build_parser().parse_args(c["command"][1:] + c["args"])
     assert args.resource_slice_driver == [DRIVER]
+
+
+# ----- our node scores for pods rewritten to a claim
+
+
+def test_a_second_extender_entry_scores_the_pods_rewritten_to_a_claim(on_136):
+    first, second = scheduler_config(on_136)["extenders"]
+    assert first["managedResources"] and first["bindVerb"] == "bind"
+    # No managedResources: kube-scheduler asks it about every pod of our scheduler,
+    # including those that ask no aliyun.com resource any more.
+    assert set(second) <= EXTENDER_KEYS
+    assert "managedResources" not in second
+    assert not any(second.get(verb) for verb in ("filterVerb", "bindVerb", "preemptVerb"))
+    assert second["prioritizeVerb"] == Verb.PRIORITIZE_CLAIMS
+    assert second["urlPrefix"] == first["urlPrefix"] and second["weight"] == first["weight"]
+    assert second["nodeCacheCapable"] is True and second["ignorable"] is True
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        merged(DRA, {"dra": {"convertAckPods": False}}),
+        merged(DRA, {"webhook": {"enabled": False}}),
+    ],
+    ids=["device-plugin-mode", "pods-not-converted", "no-webhook"],
+)
+def test_without_rewritten_pods_there_is_one_extender_entry(values):
+    assert len(scheduler_config(render(values, kube_version=V136))["extenders"]) == 1

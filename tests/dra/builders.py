@@ -1,4 +1,4 @@
-"""The JSON of valid resource.k8s.io/v1 objects as docs/dra-design names them, and a way
+"""The JSON of valid resource.k8s.io/v1 objects as docs/dra.md#the-slice names them, and a way
 to change one field of it, so a test reads as the one thing it breaks."""
 
 import copy

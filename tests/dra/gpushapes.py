@@ -1,4 +1,4 @@
-"""The devices our slices publish (notes/dra-design.md, "Capacities on a sharing node"),
+"""The devices our slices publish (docs/dra.md#the-slice),
 in the base units the allocator model counts in."""
 
 from gpushare.dra.allocator import Device, DeviceRequest

@@ -43,7 +43,7 @@ def devices(allocation: Allocation | Unfit) -> list[str]:
     return [r.device for r in allocated(allocation).results]
 
 
-# Our device shape (notes/dra-design.md): memory 15Gi, cores 100, shares 20.
+# Our device shape (docs/dra.md#the-slice): memory 15Gi, cores 100, shares 20.
 
 
 def test_twenty_claims_of_one_share_fit_one_gpu_and_the_21st_does_not():

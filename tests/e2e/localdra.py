@@ -3,7 +3,8 @@
 The same harness (`../shared/realcluster`), brought up as DRA mode needs it:
 DRAConsumableCapacity turned on in kube-apiserver and kube-scheduler where the release
 has it off (1.34, 1.35: alpha), nothing turned on from 1.36 (beta, on); kube-scheduler
-without an extender (in DRA mode the cluster's own kube-scheduler allocates the GPUs);
+with the chart's scheduler configuration (its DRA plugin allocates the GPUs, the
+extender's prioritize-claims entry scores the nodes; a default-scheduler profile beside);
 kube-controller-manager for its resourceclaim controller (claims from the webhook's
 templates); CDI turned on in the harness's containerd where it has the switch.
 
@@ -23,6 +24,9 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit
+
+import yaml
 
 from gpushare.dra.claims import DRIVER
 from tests.e2e.kube import run, wait_for
@@ -98,6 +102,22 @@ def chart_values(minor: int) -> dict[str, Any]:
     return {"gpu": {"backend": "mock", "mockGpus": MOCK_GPUS}, "dra": dra}
 
 
+def harness_scheduler_config(minor: int, version: str) -> dict[str, Any]:
+    """The chart's KubeSchedulerConfiguration in DRA mode, as the harness's one
+    kube-scheduler runs it: its kubeconfig, no leader election, the extender on the
+    harness's port, and a default-scheduler profile beside the chart's (plain pods)."""
+    from tests.chart.rendering import render, scheduler_config
+
+    config = scheduler_config(render(chart_values(minor), kube_version=version))
+    config["clientConnection"] = {"kubeconfig": "__K__/kubeconfig"}
+    config["leaderElection"] = {"leaderElect": False}
+    for extender in config["extenders"]:
+        path = urlsplit(extender["urlPrefix"]).path
+        extender["urlPrefix"] = f"http://127.0.0.1:{EXTENDER_PORT}{path}"
+    config["profiles"].append({"schedulerName": "default-scheduler"})
+    return config
+
+
 _ENABLE_CDI = re.compile(r"^(\s*enable_cdi\s*=\s*)(true|false)\s*$", re.MULTILINE)
 _CDI_DIRS = re.compile(r"^\s*cdi_spec_dirs\s*=\s*\[([^\]]*)\]", re.MULTILINE)
 
@@ -165,9 +185,11 @@ class LocalDraCluster(LocalCluster):
         containerd = run(["containerd", "--version"], check=False).stdout.strip()
         self.cdi_missing = enable_cdi(self.state / "containerd" / "config.toml", containerd)
         self.apiserver_args = gate_args(self.minor)
+        config = self.state / "gpushare-dra-scheduler-config.yaml"
+        config.write_text(yaml.safe_dump(harness_scheduler_config(self.minor, self.version)))
         self.script(
             "up.sh",
-            EXTENDER_URL="",  # the harness's kube-scheduler, default profile, no extender
+            SCHED_CONFIG=str(config),  # the chart's profiles and both extender entries
             NO_FAKE_DP="1",
             WITH_KCM="1",  # its resourceclaim controller makes claims from templates
             APISERVER_EXTRA_ARGS=self.apiserver_args,

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from gpushare.dra.ackresources import ACK_RESOURCES
 from gpushare.dra.claims import DRIVER, POD_CLAIM
 from gpushare.inventory import NODE_GPUS_ANNOTATION, decode_gpus
 from tests.e2e.checks import assert_env_matches_annotation, env_of
@@ -51,8 +52,8 @@ def explained(
 
 
 def ack_pod(name: str, mem: int) -> dict[str, Any]:
-    """An ACK pod as its users write it: `aliyun.com/gpu-mem: <mem>`, for the cluster's
-    own kube-scheduler (in DRA mode no second scheduler places pods)."""
+    """An ACK pod as its users write it: `aliyun.com/gpu-mem: <mem>`, no scheduler named
+    (the webhook names ours, whose kube-scheduler allocates the claim)."""
     pod = busybox_pod(name, mem)
     del pod["spec"]["schedulerName"]
     return pod
@@ -234,6 +235,10 @@ def test_an_ack_pod_runs_with_the_claim_the_webhook_gave_it(dra_cluster: LocalDr
     limits = container["resources"].get("limits", {})
     assert not [k for k in limits if k.startswith("aliyun.com/")], limits
     assert container["resources"]["claims"] == [{"name": POD_CLAIM, "request": REQUEST}]
+    assert pod["spec"]["schedulerName"] == "gpushare-scheduler"
+    assert json.loads(pod["metadata"]["annotations"][ACK_RESOURCES]) == {
+        REQUEST: {"aliyun.com/gpu-mem": "4"}
+    }
 
     # kube-scheduler allocated 4 GiB of one of our GPUs, shared, for this pod.
     claim = claim_of(cluster, pod)
@@ -253,6 +258,11 @@ def test_an_ack_pod_runs_with_the_claim_the_webhook_gave_it(dra_cluster: LocalDr
     )
     assert env["ALIYUN_COM_GPU_MEM_IDX"] == str(device["attributes"]["index"]["int"])
     assert env["NVIDIA_VISIBLE_DEVICES"] == device["attributes"]["uuid"]["string"]
+    # The extender's books hold it where the allocator put it (its charge, then the
+    # driver's record): what its node scores for the next pod read.
+    [node] = [n for n in cluster.extender_view()["nodes"] if n["name"] == NODE]
+    [gpu] = [g for g in node["gpus"] if g["index"] == device["attributes"]["index"]["int"]]
+    assert {p["pod"]: p["memGiB"] for p in gpu["pods"]} == {"default/dra-ack": 4}, node
     assert assert_env_matches_annotation(cluster, [cluster.get("pod", "dra-ack")]) == 1
     prepared = spec_file(claim)
     assert prepared in cluster.cdi_files(), cluster.cdi_files()

@@ -80,9 +80,12 @@ class Scheduler:
         assert response.status_code == 200, response.text
         return response.json()
 
-    def prioritize(self, pod: Pod, nodes: Iterable[str]) -> dict[str, int]:
+    def prioritize(
+        self, pod: Pod, nodes: Iterable[str], verb: str = "prioritize"
+    ) -> dict[str, int]:
+        """`verb`: prioritize-claims for DRA mode's second extender entry."""
         body = {"Pod": pod_json(pod), "Nodes": None, "NodeNames": list(nodes)}
-        response = self.post("prioritize", body)
+        response = self.post(verb, body)
         assert response.status_code == 200, response.text
         answer = response.json()
         assert isinstance(answer, list)

@@ -14,12 +14,13 @@ import pytest
 
 from gpushare.cluster import ClusterError
 from gpushare.cluster.memory import MemoryCluster
+from gpushare.dra.ackresources import ACK_RESOURCES, rewritten_request
 from gpushare.dra.claims import DEVICE_CLASS, POD_CLAIM
 from gpushare.extender.draclaims import TEMPLATE_ANNOTATION
 from gpushare.extender.server import HttpServer
 from gpushare.extender.service import ExtenderConfig, ExtenderService
 from gpushare.objects import Pod
-from gpushare.request import requests_gpu
+from gpushare.request import parse_pod_request, requests_gpu
 from tests.builders import container, pod
 from tests.extender.test_webhook import review
 
@@ -87,7 +88,7 @@ def test_an_ack_pod_becomes_a_pod_with_one_claim_of_the_same_meaning(served):
     assert request.exactly.capacity.requests == {"memory": "4Gi", "cores": "30"}
 
 
-def test_other_containers_and_the_schedulers_choice_are_left_alone(served):
+def test_other_containers_and_annotations_are_left_alone(served):
     client, _ = served
     obj = pod(
         "mixed",
@@ -98,8 +99,23 @@ def test_other_containers_and_the_schedulers_choice_are_left_alone(served):
     gpu, logger = mutated.spec.containers
     assert [u.request for u in gpu.resources.claims] == ["gpu"]
     assert logger.resources.claims == []
-    assert mutated.spec.scheduler_name is None  # the default scheduler allocates claims
     assert mutated.metadata.annotations["team"] == "ml"
+    assert json.loads(mutated.metadata.annotations[ACK_RESOURCES]) == {
+        "gpu": {"aliyun.com/gpu-mem": "2"}
+    }
+
+
+def test_the_pod_goes_to_our_scheduler_unless_its_author_chose_one(served):
+    """Our scheduler's kube-scheduler allocates the claim and asks our extender to
+    score the nodes (docs/dra.md#node-scores-in-dra-mode)."""
+    client, _ = served
+    obj = pod("ours", mem=2).to_manifest()
+    mutated = _applied(obj, _mutate(client, obj))
+    assert mutated.spec.scheduler_name == ExtenderConfig().scheduler_names[0]
+    assert rewritten_request(mutated) == parse_pod_request(Pod.model_validate(obj))
+    chosen = pod("theirs", mem=2).to_manifest()
+    chosen["spec"]["schedulerName"] = "volcano"
+    assert _applied(chosen, _mutate(client, chosen)).spec.scheduler_name == "volcano"
 
 
 def test_pods_of_one_shape_share_a_template(served):

@@ -7,16 +7,10 @@ slice (dra+order, dra+fullest)."""
 import pytest
 
 from gpushare.cli.main import main
+from gpushare.dra.firstfit import SHARES_PER_GPU, DeviceLeft, devices_left, first_fit
 from gpushare.placement.fit import evaluate, to_allocation
 from gpushare.placement.policies import POLICIES
-from gpushare.simulator.dra import (
-    SHARES_PER_GPU,
-    DeviceLeft,
-    DraMode,
-    DraScheduler,
-    devices_left,
-    first_fit,
-)
+from gpushare.simulator.dra import DraMode, DraScheduler
 from gpushare.simulator.kubescheduler import CHART, KubeSchedulerConfig
 from gpushare.simulator.run import BOUND_AT, PolicyChoice, simulate
 from gpushare.simulator.trace import Trace, TraceNode, TracePod, load

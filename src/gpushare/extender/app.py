@@ -86,6 +86,9 @@ class Extender:
     def prioritize(self, body: bytes) -> bytes:
         return verbs.prioritize_nodes(self.cache, self.args_reader.read(body))
 
+    def prioritize_claims(self, body: bytes) -> bytes:
+        return verbs.prioritize_claims(self.cache, self.args_reader.read(body))
+
     def bind(self, body: bytes) -> bytes:
         return dumps({"Error": self.binder.bind(parse(BindingArgs, body))})
 
@@ -172,6 +175,7 @@ def _verbs(extender: Extender, url_prefix: str, limits: ReadLimits) -> APIRouter
     verbs_ = {
         Verb.FILTER: (extender.filter, EXTENDER_ARGS_MAX),
         Verb.PRIORITIZE: (extender.prioritize, EXTENDER_ARGS_MAX),
+        Verb.PRIORITIZE_CLAIMS: (extender.prioritize_claims, EXTENDER_ARGS_MAX),
         Verb.BIND: (extender.bind, BINDING_ARGS_MAX),
         Verb.PREEMPT: (extender.preempt, PREEMPTION_ARGS_MAX),
     }

@@ -34,7 +34,7 @@ from gpushare.extender.damaged import Damaged, DamagedRecords
 from gpushare.extender.engine import AnswerEngine
 from gpushare.extender.mirror import ClusterMirror, GpuShape, PodRecord
 from gpushare.extender.nodedetails import ClusterDetails, NodeDetails
-from gpushare.extender.pendingpod import PendingPod, pending_pod
+from gpushare.extender.pendingpod import PendingPod, claim_pending_pod, pending_pod
 from gpushare.extender.policychoice import PolicyChoice
 from gpushare.extender.waiting import FilteredPods, RefusedPods, UnservedPods
 from gpushare.labels import NodeMode
@@ -135,6 +135,19 @@ class SchedulerCache:
         asks for none of our resources. Raises PodRefused when it breaks a rule. Reads
         no state, so it takes no lock."""
         return pending_pod(pod, self.choice)
+
+    def claim_pending(self, pod: Pod) -> PendingPod | None:
+        """A DRA-mode pod as prioritize-claims hands it to claim_priorities_json: the ACK
+        request it was rewritten from; None when it is not such a pod. Raises PodRefused."""
+        return claim_pending_pod(pod, self.choice)
+
+    def claim_priorities_json(self, pod: PendingPod, names: list[str]) -> str:
+        """Prioritize's answer for a DRA-mode pod, its policies taught about it first:
+        kube-scheduler filters such a pod itself (its DRA plugin), so this is the one
+        call that shows it to the extender before it is placed."""
+        with self._lock:
+            self._engine.observe(pod.uid or pod.key, pod.request, pod.policy)
+            return self._engine.priorities_json(pod, names)
 
     def filter(self, pod: PendingPod, names: list[str]) -> Answers:
         """Filter's answers for the pod, its policies taught about it first; while it

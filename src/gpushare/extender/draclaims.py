@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from gpushare.cluster import ClusterError, Conflict, DraCluster
+from gpushare.dra.ackresources import ACK_RESOURCES, ack_resources
 from gpushare.dra.claims import POD_CLAIM, claim_requests, template_name, template_spec
 from gpushare.dra.objects import ObjectMeta, ResourceClaimTemplate, ResourceClaimTemplateSpec
 from gpushare.memo import BoundedMemo
@@ -56,17 +57,21 @@ def rewrite(pod: Pod, request: PodRequest, namespace: str) -> ClaimRewrite:
         spec=ResourceClaimTemplateSpec.model_validate(template_spec(requests)),
     )
     patch: list[dict[str, Any]] = []
+    taken: list[Container] = []
     for wanted in request.containers:
         group = "containers" if wanted.role is ContainerRole.APP else "initContainers"
         container = pod.spec.container(wanted.index, wanted.name, group == "initContainers")
         assert container is not None  # parse_pod_request found it there
         patch += _container_patch(f"/spec/{group}/{wanted.index}", container, wanted.name)
+        taken.append(container)
     claim = {"name": POD_CLAIM, "resourceClaimTemplateName": name}
     if pod.spec.resource_claims:
         patch.append({"op": "add", "path": "/spec/resourceClaims/-", "value": claim})
     else:
         patch.append({"op": "add", "path": "/spec/resourceClaims", "value": [claim]})
-    patch.append(_annotation(pod.metadata.annotations, TEMPLATE_ANNOTATION, name))
+    patch += _annotations(
+        pod.metadata.annotations, {TEMPLATE_ANNOTATION: name, ACK_RESOURCES: ack_resources(taken)}
+    )
     return ClaimRewrite(patch, template)
 
 
@@ -87,10 +92,13 @@ def _container_patch(path: str, container: Container, request: str) -> list[dict
     return ops
 
 
-def _annotation(current: Mapping[str, str], key: str, value: str) -> dict[str, Any]:
-    if current:
-        return {"op": "add", "path": f"/metadata/annotations/{_escape(key)}", "value": value}
-    return {"op": "add", "path": "/metadata/annotations", "value": {key: value}}
+def _annotations(current: Mapping[str, str], added: dict[str, str]) -> list[dict[str, Any]]:
+    if not current:
+        return [{"op": "add", "path": "/metadata/annotations", "value": added}]
+    return [
+        {"op": "add", "path": f"/metadata/annotations/{_escape(key)}", "value": value}
+        for key, value in added.items()
+    ]
 
 
 def _escape(name: str) -> str:

@@ -67,10 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     flag = functools.partial(_config_flag, parser)
     flag(
         "--scheduler-address",
-        "address of the scheduler verbs <url-prefix>/filter|prioritize|bind|preempt; "
-        "they bind pods and fill the reservation table, so only the kube-scheduler in the "
-        "extender's pod may reach them: keep loopback unless a NetworkPolicy or the host "
-        "guards the address (default %(default)s)",
+        "address of the scheduler verbs <url-prefix>/filter|prioritize|bind|preempt (and "
+        "prioritize-claims in DRA mode); they bind pods and fill the reservation table, so "
+        "only the kube-scheduler in the extender's pod may reach them: keep loopback "
+        "unless a NetworkPolicy or the host guards the address (default %(default)s)",
     )
     flag("--port", "port of the scheduler verbs (default %(default)s)")
     flag(

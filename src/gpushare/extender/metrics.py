@@ -28,6 +28,8 @@ class Verb(StrEnum):
 
     FILTER = "filter"
     PRIORITIZE = "prioritize"
+    PRIORITIZE_CLAIMS = "prioritize-claims"
+    """DRA mode: scores for pods rewritten to a claim (verbs.prioritize_claims)."""
     BIND = "bind"
     PREEMPT = "preempt"
 

@@ -18,15 +18,17 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpushare import annotation
-from gpushare.allocation import PodAllocation
+from gpushare.allocation import UNKNOWN_BIND_TIME, PodAllocation
 from gpushare.cluster import EventType
-from gpushare.errors import AnnotationError
+from gpushare.dra.ackresources import ACK_RESOURCES, rewritten_request
+from gpushare.dra.firstfit import allocation_on
+from gpushare.errors import AnnotationError, PodRefused
 from gpushare.extender.nodedetails import NodeDetails, node_details
 from gpushare.extender.policychoice import PolicyChoice
 from gpushare.inventory import adds_room, node_gpus
 from gpushare.labels import NodeMode
 from gpushare.objects import Node, Pod
-from gpushare.request import requests_gpu
+from gpushare.request import PodRequest, requests_gpu
 from gpushare.resources import MANAGED_RESOURCES, parse_quantity
 from gpushare.state import ClusterState, NodeState
 
@@ -44,6 +46,9 @@ class PodRecord:
     """spec.priority (nil counts as 0, as in kube-scheduler): who preemption may evict."""
     deleting: bool = False
     """Deletion asked for: preemption counts its GPUs as freed and never picks it."""
+    claim_request: PodRequest | None = None
+    """A DRA-mode pod bound but without its allocation record yet: the request its
+    claim asks, which the mirror charges where the allocator put it (_charge)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +74,14 @@ class _Assumed:
 
 
 def interesting(pod: Pod) -> bool:
-    """Pods the extender keeps: those asking for our resources or carrying an allocation."""
+    """Pods the extender keeps: those asking for our resources (themselves or through a
+    claim the webhook gave them) or carrying an allocation."""
     annotations = pod.metadata.annotations
-    return requests_gpu(pod) or any(key in annotations for key in annotation.ALL_KEYS)
+    return (
+        requests_gpu(pod)
+        or ACK_RESOURCES in annotations
+        or any(key in annotations for key in annotation.ALL_KEYS)
+    )
 
 
 class MirrorListener(Protocol):
@@ -180,8 +190,23 @@ class ClusterMirror:
                 # An event from before our bind: the Binding is still on its way.
                 return record
             del self._assumed[key]
-        self._set_allocation(key, record.allocation)
+        self._set_allocation(key, record.allocation or self._charge(key, record))
         return record
+
+    def _charge(self, key: str, record: PodRecord) -> PodAllocation | None:
+        """What a DRA-mode pod holds between kube-scheduler's bind and the driver's
+        record (written at Prepare): what the allocator gives its claim on its node, the
+        first eligible GPUs in slice order (dra.firstfit), against the books as they
+        stand; kept as charged once made. None for any other pod."""
+        if record.claim_request is None or not record.node:
+            return None
+        charged = self.state.allocation(key)
+        if charged is not None and charged.node == record.node:
+            return charged
+        state = self.state.nodes.get(record.node)
+        if state is None:
+            return None
+        return allocation_on(state, record.claim_request, UNKNOWN_BIND_TIME)
 
     # ----- binds in flight
 
@@ -317,6 +342,7 @@ class ClusterMirror:
             reading.allocation,
             pod.spec.priority or 0,
             pod.is_deleting,
+            _claim_request(pod) if reading.allocation is None and pod.spec.node_name else None,
         )
 
     def _rebuild(self) -> None:
@@ -330,6 +356,11 @@ class ClusterMirror:
         for key, record in self._pods.items():
             if record.allocation is not None:
                 self.state.add_pod(key, record.allocation)
+        for key, record in self._pods.items():
+            # After every record: the allocator's choice depends on what the node holds.
+            charged = self._charge(key, record)
+            if charged is not None:
+                self.state.add_pod(key, charged)
         for key, assumed in list(self._assumed.items()):
             seen = self._pods.get(key)
             if seen is not None and (seen.allocation is not None or seen.node):
@@ -388,6 +419,13 @@ class ClusterMirror:
             self.state.add_pod(pod_key, allocation)
         for node in {a.node for a in (old, allocation) if a is not None}:
             self._listener.node_changed(node)
+
+
+def _claim_request(pod: Pod) -> PodRequest | None:
+    try:
+        return rewritten_request(pod)
+    except PodRefused:
+        return None  # the webhook rewrites only pods that keep every rule
 
 
 def _our_allocatable(node: Node | None) -> dict[str, int]:

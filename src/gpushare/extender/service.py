@@ -101,7 +101,7 @@ class ExtenderConfig:
         )
         return (
             f"gpushare-extender {VERSION}: http://{_host(self.scheduler_address)}:{self.port}"
-            f"{self.url_prefix}/filter|prioritize|bind|preempt, "
+            f"{self.url_prefix}/filter|prioritize|prioritize-claims|bind|preempt, "
             f"http://{_host(self.host)}:{self.ops_port}/healthz|readyz|metrics|inspect, {webhook}, "
             f"schedulers {', '.join(self.scheduler_names)}, "
             f"default placement {self.default_placement}, "

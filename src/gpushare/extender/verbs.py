@@ -79,6 +79,21 @@ def prioritize_nodes(cache: SchedulerCache, args: ExtenderArgs) -> bytes:
     return cache.priorities_json(pending, names).encode()
 
 
+def prioritize_claims(cache: SchedulerCache, args: ExtenderArgs) -> bytes:
+    """DRA mode's scores: the second extender entry, which has no managedResources, so
+    kube-scheduler asks it for every pod of our scheduler. A pod the webhook rewrote to
+    a claim is scored as its ACK request would be; every other pod scores 0 on every
+    node (the first entry scores those that ask aliyun.com resources)."""
+    names = args.candidates()
+    try:
+        pending = cache.claim_pending(args.pod)
+    except PodRefused:
+        pending = None
+    if pending is None:
+        return dumps([{"Host": name, "Score": 0} for name in names])
+    return cache.claim_priorities_json(pending, names).encode()
+
+
 def preempt_nodes(cache: SchedulerCache, args: PreemptionArgs) -> bytes:
     """Per candidate node, the victims that make room for the pod by our rules.
 

@@ -8,8 +8,8 @@ so `kubectl apply` fails at once instead of the pod waiting Pending forever; and
 neither we nor the default scheduler serve, which nothing may ever schedule, or when
 no node of a mode that can take it exists yet. mutate: sends pods that ask for our
 resources and kept the default scheduler to ours (a JSONPatch on
-spec.schedulerName); in DRA mode rewrites them to a resource claim instead
-(draclaims.py).
+spec.schedulerName); in DRA mode also rewrites them to a resource claim
+(draclaims.py), which our scheduler's kube-scheduler allocates with our node scores.
 """
 
 import base64
@@ -117,10 +117,20 @@ def mutate(
         # schedulerName cannot change once the pod exists: only a new pod is sent to us.
         return _answer(review, allowed=True)
     if templates is not None:
-        return _to_claim(review, pod, templates)
+        return _to_claim(review, pod, templates, _scheduler_patch(pod, scheduler_name))
+    patch = _scheduler_patch(pod, scheduler_name)
+    if not patch:
+        return _answer(review, allowed=True)
+    return _patched(review, patch)
+
+
+def _scheduler_patch(pod: Pod, scheduler_name: str) -> list[dict[str, Any]]:
     if (pod.spec.scheduler_name or DEFAULT_SCHEDULER) != DEFAULT_SCHEDULER:
-        return _answer(review, allowed=True)  # the user chose a scheduler: theirs to keep
-    patch = [{"op": "add", "path": "/spec/schedulerName", "value": scheduler_name}]
+        return []  # the user chose a scheduler: theirs to keep
+    return [{"op": "add", "path": "/spec/schedulerName", "value": scheduler_name}]
+
+
+def _patched(review: AdmissionReview, patch: list[dict[str, Any]]) -> dict[str, Any]:
     return _answer(
         review,
         allowed=True,
@@ -129,7 +139,12 @@ def mutate(
     )
 
 
-def _to_claim(review: AdmissionReview, pod: Pod, templates: ClaimTemplates) -> dict[str, Any]:
+def _to_claim(
+    review: AdmissionReview, pod: Pod, templates: ClaimTemplates, scheduler: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """`scheduler`: the patch that sends the pod to our scheduler, whose kube-scheduler
+    allocates the claim and asks our extender to score its nodes
+    (docs/dra.md#node-scores-in-dra-mode)."""
     try:
         request = parse_pod_request(pod)
     except PodRefused:
@@ -147,12 +162,7 @@ def _to_claim(review: AdmissionReview, pod: Pod, templates: ClaimTemplates) -> d
         return _answer(
             review, allowed=False, status={"code": 403, "reason": "Forbidden", "message": message}
         )
-    return _answer(
-        review,
-        allowed=True,
-        patchType="JSONPatch",
-        patch=base64.b64encode(json.dumps(change.patch).encode()).decode(),
-    )
+    return _patched(review, change.patch + scheduler)
 
 
 def _pod(review: AdmissionReview) -> Pod | None:

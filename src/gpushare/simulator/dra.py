@@ -3,7 +3,7 @@
 In DRA mode (docs/dra.md) a GPU pod asks no extended resource but a ResourceClaim
 of the device class `gpu.gpushare.io`, and kube-scheduler's own structured allocator
 picks the devices; what the extender can still do is score nodes. What the model
-follows (DRA-INTERFACES §6, /work/notes/dra-design.md):
+follows (DRA-INTERFACES §6, docs/dra.md#the-slice):
 
 * Node choice: kube-scheduler's (kubescheduler.py), with the DRA plugin's Filter among
   its own filters (a node where the claim cannot be allocated is not feasible, and does
@@ -41,18 +41,15 @@ cost as many again (the simulator has no departures).
 """
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from enum import StrEnum
 
+from gpushare.dra.firstfit import DeviceLeft, devices_left, first_fit
 from gpushare.placement.fit import Assignment, Placement, PlacementPolicy
 from gpushare.request import PodRequest
 from gpushare.simulator.kubescheduler import KubeScheduler, KubeSchedulerConfig
 from gpushare.simulator.trace import TraceNode, TracePod
 from gpushare.state import NodeState
-
-SHARES_PER_GPU = 20
-"""A device's `shares` capacity: the 20-pods-per-GPU rule; a claim takes one, a whole-GPU
-claim all of them (/work/notes/dra-design.md, Names)."""
 
 
 class DraMode(StrEnum):
@@ -83,85 +80,6 @@ class DraMode(StrEnum):
             "and our extender's scores" if self.scored else "alone (no extender)"
         )
         return f"{self.label}: nodes by {nodes}, devices {devices}"
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceLeft:
-    """One device of the node's slice and what is left of its capacities."""
-
-    index: int
-    model: str
-    memory: int
-    cores: int
-    shares: int
-    untouched: bool
-    """No claim holds any of it: a whole-GPU request may take it."""
-
-
-def devices_left(state: NodeState) -> tuple[DeviceLeft, ...]:
-    """The node's devices in slice order (by index), each with its capacities left."""
-    return tuple(
-        DeviceLeft(
-            index=gpu.index,
-            model=gpu.model,
-            memory=gpu.mem_free,
-            cores=gpu.core_free,
-            shares=max(SHARES_PER_GPU - state.used(gpu.index)[2], 0) if gpu.usable else 0,
-            untouched=gpu.whole,
-        )
-        for gpu in state.view().gpus
-    )
-
-
-def first_fit(
-    devices: Sequence[DeviceLeft], request: PodRequest, order: Sequence[int] | None = None
-) -> Assignment | None:
-    """The devices the structured allocator gives the pod's claim on one node: for each
-    request (one per GPU container), the first `gpus` eligible devices in slice order,
-    distinct; later requests see what earlier ones consumed. `order` is the slice's order,
-    a permutation of the device positions (default: as listed). None when a request
-    finds too few."""
-    order = range(len(devices)) if order is None else order
-    memory = [d.memory for d in devices]
-    cores = [d.cores for d in devices]
-    shares = [d.shares for d in devices]
-    taken = [False] * len(devices)
-    chosen: list[tuple[int, ...]] = []
-    for container in request.containers:
-        picked: list[int] = []
-        for pos in order:
-            if len(picked) == container.gpus:
-                break
-            device = devices[pos]
-            if request.gpu_spec is not None and device.model not in request.gpu_spec:
-                continue
-            if container.exclusive:
-                eligible = device.untouched and not taken[pos]
-            else:
-                eligible = (
-                    shares[pos] >= 1
-                    and memory[pos] >= container.mem
-                    and cores[pos] >= container.core
-                )
-            if eligible:
-                picked.append(pos)
-        if len(picked) < container.gpus:
-            return None
-        for pos in picked:
-            taken[pos] = True
-            if container.exclusive:
-                memory[pos] = cores[pos] = shares[pos] = 0
-            else:
-                memory[pos] -= container.mem
-                cores[pos] -= container.core
-                shares[pos] -= 1
-        chosen.append(tuple(devices[pos].index for pos in picked))
-    added = tuple(
-        (d.index, d.memory - memory[pos], d.cores - cores[pos])
-        for pos, d in enumerate(devices)
-        if taken[pos]
-    )
-    return Assignment(gpus=tuple(chosen), added=added)
 
 
 def preferred_order(devices: Sequence[DeviceLeft], assignment: Assignment) -> list[int]:

@@ -94,7 +94,8 @@ def test_the_memory_answer_carries_the_files_of_the_containers_gpus(make_rig, tm
 
 
 def test_the_dev_root_flag_and_env_reach_the_backend(tmp_path, monkeypatch):
-    from gpushare.deviceplugin.main import build_backend, build_parser
+    from gpushare.deviceplugin.main import build_parser
+    from gpushare.gpunode.backendflags import build_backend
 
     monkeypatch.delenv("GPUSHARE_DRIVER_ROOT", raising=False)
     monkeypatch.delenv("GPUSHARE_DEV_ROOT", raising=False)

@@ -16,8 +16,9 @@ import pytest
 
 from gpushare.cli.inspect import collect, summary
 from gpushare.cluster.memory import MemoryCluster, gpu_node
-from gpushare.deviceplugin.main import build_backend, build_parser, run
+from gpushare.deviceplugin.main import build_parser, run
 from gpushare.environment import MEM_CONTAINER, MEM_DEV, NVIDIA_VISIBLE_DEVICES
+from gpushare.gpunode.backendflags import build_backend
 from gpushare.gpunode.backends.nvml import NvmlBackend
 from gpushare.gpunode.backends.port import HealthChange
 from gpushare.inventory import (

@@ -103,8 +103,8 @@ def test_the_documented_check_counts_the_gpus_through_the_driver_root(tmp_path):
 
 
 def test_both_entry_points_load_through_the_driver_root_before_nvml(tmp_path, monkeypatch):
-    from gpushare.deviceplugin.main import build_backend as plugin_backend
     from gpushare.deviceplugin.main import build_parser as plugin_parser
+    from gpushare.gpunode.backendflags import build_backend as plugin_backend
     from gpushare.isolation.clock import SystemClock
     from gpushare.isolation.main import build_backend as agent_backend
     from gpushare.isolation.main import build_parser as agent_parser

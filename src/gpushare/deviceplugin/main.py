@@ -28,19 +28,16 @@ from gpushare.deviceplugin.plugin import (
     PluginConfig,
 )
 from gpushare.deviceplugin.rediscovery import REDISCOVER_INTERVAL
-from gpushare.gpunode.backends.mock import MockBackend
+from gpushare.gpunode.backendflags import add_backend_flags, build_backend
 from gpushare.gpunode.backends.nvml import NvmlBackend
 from gpushare.gpunode.backends.port import DeviceBackend
 from gpushare.nodeflags import add_node_flags, check_node_flags
 from gpushare.nodeflags.serving import start_metrics
-from gpushare.nvmllib import bindings
 
 log = logging.getLogger("gpushare.deviceplugin")
 
 METRICS_PORT: Final = 9401
 """The isolation agent's is 9402: both listen in the node pod's one network namespace."""
-MOCK_HEALTH_FILE: Final = Path("/tmp/gpushare-mock-unhealthy-gpus")
-"""Under /tmp: writable in the node pod, whose root filesystem is read-only."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,22 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_node_flags(parser, METRICS_PORT)
-    parser.add_argument(
-        "--mock-health-file",
-        type=Path,
-        default=Path(env.get("GPUSHARE_MOCK_HEALTH_FILE", str(MOCK_HEALTH_FILE))),
-        help="mock backend: file listing the indices of GPUs to report Unhealthy, polled "
-        "every second (env GPUSHARE_MOCK_HEALTH_FILE)",
-    )
-    parser.add_argument(
-        "--dev-root",
-        type=Path,
-        default=Path(env.get("GPUSHARE_DEV_ROOT", "/dev")),
-        help="nvml backend: where this process sees the node's /dev. The plugin looks "
-        "there for the control device files (nvidiactl, nvidia-uvm, nvidia-uvm-tools, "
-        "nvidia-modeset) and hands each GPU container those that exist, as /dev/<name> of "
-        "the node (env GPUSHARE_DEV_ROOT)",
-    )
+    add_backend_flags(parser)
     parser.add_argument(
         "--device-plugin-dir",
         type=Path,
@@ -105,21 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_version_flag(parser)
     return parser
-
-
-def build_backend(args: argparse.Namespace) -> DeviceBackend:
-    """Raises ValueError with a message naming the flag when it is unusable."""
-    if args.backend == "mock":
-        if not args.mock_gpus:
-            raise ValueError(
-                "--backend mock needs --mock-gpus (or GPUSHARE_MOCK_GPUS), e.g. 2x16GiB"
-            )
-        health = args.mock_health_file
-        if os.path.lexists(health) and not health.is_file():
-            # It is polled every second: a FIFO there would hang the poll, a directory fail it.
-            raise ValueError(f"--mock-health-file {health}: not a regular file")
-        return MockBackend.from_layout(args.mock_gpus, args.node_name, args.mock_health_file)
-    return NvmlBackend(bindings(), dev_root=args.dev_root, memory_rounding=args.gpu_memory_rounding)
 
 
 def run(args: argparse.Namespace, cluster: Cluster, stop: threading.Event) -> int:

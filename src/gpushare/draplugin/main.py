@@ -27,13 +27,11 @@ from gpushare.draplugin.preparer import Preparer
 from gpushare.draplugin.publisher import SlicePublisher
 from gpushare.draplugin.registration import RegistrationServer
 from gpushare.draplugin.server import DraServer, dra_socket
-from gpushare.gpunode.backends.mock import MockBackend
-from gpushare.gpunode.backends.nvml import NvmlBackend
+from gpushare.gpunode.backendflags import add_backend_flags, build_backend
 from gpushare.gpunode.backends.port import DeviceBackend
 from gpushare.gpunode.interposer import InterposerMounts
 from gpushare.nodeflags import add_node_flags, check_node_flags
 from gpushare.nodeflags.serving import start_metrics
-from gpushare.nvmllib import bindings
 from gpushare.resources import GPU_MEM, RESOURCE
 
 log = logging.getLogger("gpushare.draplugin")
@@ -81,18 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         "feature gate DRAConsumableCapacity, on by default from Kubernetes 1.36); off: "
         "every GPU is one whole device",
     )
-    parser.add_argument(
-        "--mock-health-file",
-        type=Path,
-        default=Path(env.get("GPUSHARE_MOCK_HEALTH_FILE", "/tmp/gpushare-mock-unhealthy-gpus")),
-        help="mock backend: file listing the indices of GPUs to report unhealthy",
-    )
-    parser.add_argument(
-        "--dev-root",
-        type=Path,
-        default=Path(env.get("GPUSHARE_DEV_ROOT", "/dev")),
-        help="nvml backend: where this process sees the node's /dev",
-    )
+    add_backend_flags(parser)
     parser.add_argument(
         "--kubeconfig",
         default=env.get("KUBECONFIG", ""),
@@ -100,15 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_version_flag(parser)
     return parser
-
-
-def build_backend(args: argparse.Namespace) -> DeviceBackend:
-    """Raises ValueError naming the flag when it is unusable."""
-    if args.backend == "mock":
-        if not args.mock_gpus:
-            raise ValueError("--backend mock needs --mock-gpus (or GPUSHARE_MOCK_GPUS)")
-        return MockBackend.from_layout(args.mock_gpus, args.node_name, args.mock_health_file)
-    return NvmlBackend(bindings(), dev_root=args.dev_root, memory_rounding=args.gpu_memory_rounding)
 
 
 @dataclass

@@ -6,27 +6,23 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import jsonpatch
-
 from gpushare.cluster.memory import MemoryCluster
-from gpushare.dra.claims import POD_CLAIM, DeviceResult
+from gpushare.dra.claims import DeviceResult
 from gpushare.dra.objects import (
     AllocationResult,
     DeviceAllocationResult,
     DeviceRequestAllocationResult,
-    ObjectMeta,
     ResourceClaim,
     ResourceClaimConsumerReference,
     ResourceClaimStatus,
 )
 from gpushare.draplugin.main import Driver, build, build_parser
-from gpushare.extender.draclaims import ClaimTemplates, rewrite
 from gpushare.gpunode.backends.mock import MockBackend
 from gpushare.gpunode.interposer import LIBRARY_NAME, PRELOAD_NAME
 from gpushare.labels import LABEL_SCHEDULE
 from gpushare.objects import Node, Pod
 from gpushare.objects import ObjectMeta as PodMeta
-from gpushare.request import parse_pod_request
+from gpushare.standins.claimcontroller import admit_ack_pod
 from gpushare.standins.drakubelet import DraKubeletStandIn, PodClaim, claim_lookup
 from tests.draplugin.rig import eventually
 
@@ -133,22 +129,9 @@ class DriverRig:
         """The ACK pod as DRA mode runs it: rewritten by the webhook (its JSONPatch
         applied as the API server does), its claim made from the template by the claim
         controller, allocated to `results` and reserved for the pod by the scheduler."""
-        request = parse_pod_request(pod)
-        assert request is not None
-        namespace = pod.metadata.namespace or "default"
-        change = rewrite(pod, request, namespace)
-        ClaimTemplates(self.store).ensure(change.template)
-        template = self.store.get_resource_claim_template(namespace, change.template.metadata.name)
-        name = f"{pod.metadata.name}-{POD_CLAIM}-{uuid.uuid4().hex[:5]}"
-        claim = ResourceClaim(
-            metadata=ObjectMeta(name=name, namespace=namespace), spec=template.spec.spec
-        )
-        claim = self.store.create_resource_claim(claim)
-        manifest = jsonpatch.apply_patch(pod.to_manifest(), change.patch)
-        manifest.setdefault("status", {})["resourceClaimStatuses"] = [
-            {"name": POD_CLAIM, "resourceClaimName": name}
-        ]
-        pod = self.store.create_pod(Pod.model_validate(manifest))
+        admitted = admit_ack_pod(self.store, pod)
+        assert admitted is not None, "only a pod that asks a GPU gets a claim"
+        pod, claim = admitted.pod, admitted.claim
         status = ResourceClaimStatus(
             allocation=AllocationResult(
                 devices=DeviceAllocationResult(

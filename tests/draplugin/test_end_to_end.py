@@ -3,16 +3,13 @@ stand-in allocates their claims from the slice the driver published (the allocat
 first eligible device), the kubelet stand-in has the driver prepare them. The GPU's
 capacity holds at every step: what the allocator refuses never reaches the node."""
 
-import jsonpatch
 import pytest
 
 from gpushare.dra.allocator import Allocation, Unfit
-from gpushare.dra.claims import POD_CLAIM, device_class
-from gpushare.dra.objects import ObjectMeta, ResourceClaim
+from gpushare.dra.claims import device_class
 from gpushare.environment import CGPU_DISABLE, CORE_PERCENTAGE, MEM_CONTAINER, MEM_IDX
-from gpushare.extender.draclaims import ClaimTemplates, rewrite
 from gpushare.objects import Pod
-from gpushare.request import parse_pod_request
+from gpushare.standins.claimcontroller import admit_ack_pod
 from gpushare.standins.draallocation import DraAllocationStandIn
 from tests.builders import pod
 from tests.draplugin.driverrig import NODE, DriverRig, Placed
@@ -28,20 +25,9 @@ def rig(short_tmp):
 
 def _schedule(rig: DriverRig, ack_pod: Pod) -> Placed | Unfit:
     """What the API server, the claim controller and kube-scheduler do with the pod."""
-    request = parse_pod_request(ack_pod)
-    assert request is not None
-    change = rewrite(ack_pod, request, "default")
-    ClaimTemplates(rig.store).ensure(change.template)
-    name = f"{ack_pod.metadata.name}-{POD_CLAIM}-abcde"
-    manifest = jsonpatch.apply_patch(ack_pod.to_manifest(), change.patch)
-    manifest.setdefault("status", {})["resourceClaimStatuses"] = [
-        {"name": POD_CLAIM, "resourceClaimName": name}
-    ]
-    created = rig.store.create_pod(Pod.model_validate(manifest))
-    template = rig.store.get_resource_claim_template("default", change.template.metadata.name)
-    rig.store.create_resource_claim(
-        ResourceClaim(metadata=ObjectMeta(name=name, namespace="default"), spec=template.spec.spec)
-    )
+    admitted = admit_ack_pod(rig.store, ack_pod)
+    assert admitted is not None
+    created, name = admitted.pod, admitted.claim.metadata.name
     outcome = DraAllocationStandIn(rig.store).allocate("default", name, NODE, created)
     if isinstance(outcome, Unfit):
         return outcome

@@ -29,7 +29,7 @@ from gpushare.cluster.port import (
 from gpushare.dra.validation import DEFAULT_GATES, ApiGates
 from gpushare.inventory import NODE_GPUS_ANNOTATION, Gpu, encode_gpus
 from gpushare.labels import LABEL_SCHEDULE
-from gpushare.objects import Node, NodeStatus, ObjectMeta, Pod, PodStatus
+from gpushare.objects import Node, NodeStatus, ObjectMeta, Pod, PodResourceClaimStatus, PodStatus
 from gpushare.resources import CORE_PER_GPU, GPU_CORE, GPU_COUNT, GPU_MEM
 
 _Obj = TypeVar("_Obj", Node, Pod)
@@ -241,6 +241,17 @@ class MemoryCluster(MemoryDra):
         with self._lock:
             pod = self.get_pod(namespace, name)
             status = pod.status.model_copy(update={"phase": phase})
+            return self._put_pod(pod.model_copy(update={"status": status}), EventType.MODIFIED)
+
+    def set_pod_claim_statuses(
+        self, namespace: str, name: str, statuses: list[PodResourceClaimStatus]
+    ) -> Pod:
+        """What the resourceclaim controller writes through pods/status: the claim made
+        for each of the pod's template claims (the API server drops a status sent with
+        the pod's create)."""
+        with self._lock:
+            pod = self.get_pod(namespace, name)
+            status = pod.status.model_copy(update={"resource_claim_statuses": statuses})
             return self._put_pod(pod.model_copy(update={"status": status}), EventType.MODIFIED)
 
     def begin_pod_deletion(self, namespace: str, name: str) -> Pod:

@@ -13,21 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-import jsonpatch
-
 from gpushare.cli.demo.admission import SHOWN_PREFIXES
 from gpushare.cluster.memory import MemoryCluster
 from gpushare.dra.allocator import Unfit
-from gpushare.dra.claims import DRIVER, POD_CLAIM, device_class
-from gpushare.dra.objects import ObjectMeta, ResourceClaim
+from gpushare.dra.claims import DRIVER, device_class
 from gpushare.draplugin.main import Driver, build, build_parser
 from gpushare.errors import PodRefused
-from gpushare.extender.draclaims import ClaimTemplates, rewrite
 from gpushare.gpunode.backends.mock import MockBackend
 from gpushare.labels import LABEL_SCHEDULE
 from gpushare.objects import Node, Pod
 from gpushare.objects import ObjectMeta as NodeMeta
-from gpushare.request import parse_pod_request
+from gpushare.standins.claimcontroller import admit_ack_pod
 from gpushare.standins.draallocation import DraAllocationStandIn
 from gpushare.standins.drakubelet import DraKubeletStandIn, PodClaim, claim_lookup
 
@@ -91,29 +87,15 @@ def _ready(driver: Driver, kubelet: DraKubeletStandIn, store: MemoryCluster) -> 
 
 
 def _run(store: MemoryCluster, kubelet: DraKubeletStandIn, pod: Pod) -> Outcome:
-    namespace = pod.metadata.namespace or "default"
-    key = f"{namespace}/{pod.metadata.name}"
+    key = f"{pod.metadata.namespace or 'default'}/{pod.metadata.name}"
     try:
-        request = parse_pod_request(pod)
+        admitted = admit_ack_pod(store, pod, claim_suffix="")
     except PodRefused as refused:
         return Outcome(key, f"refused by the webhook: {refused}", {})
-    if request is None:
+    if admitted is None:
         return Outcome(key, "asks for no GPU", {})
-    change = rewrite(pod, request, namespace)
-    ClaimTemplates(store).ensure(change.template)
-    claim_name = f"{pod.metadata.name}-{POD_CLAIM}"
-    manifest = jsonpatch.apply_patch(pod.to_manifest(), change.patch)
-    manifest["metadata"]["namespace"] = namespace
-    manifest.setdefault("status", {})["resourceClaimStatuses"] = [
-        {"name": POD_CLAIM, "resourceClaimName": claim_name}
-    ]
-    created = store.create_pod(Pod.model_validate(manifest))
-    template = store.get_resource_claim_template(namespace, change.template.metadata.name)
-    claim = store.create_resource_claim(
-        ResourceClaim(
-            metadata=ObjectMeta(name=claim_name, namespace=namespace), spec=template.spec.spec
-        )
-    )
+    created, claim, request = admitted.pod, admitted.claim, admitted.request
+    namespace, claim_name = claim.metadata.namespace or "default", claim.metadata.name
     allocated = DraAllocationStandIn(store).allocate(namespace, claim_name, NODE, created)
     if isinstance(allocated, Unfit):
         return Outcome(created.key, f"Pending: {allocated}", {})

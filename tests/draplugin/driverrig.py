@@ -50,7 +50,9 @@ class DriverRig:
         sharing: bool = True,
         interposer: bool = True,
         store: MemoryCluster | None = None,
+        resource_health: bool = False,
     ) -> None:
+        """`resource_health`: the kubelet watches the driver's health stream (1.36)."""
         self.workdir = workdir
         self.store = store or MemoryCluster()
         self.kubelet_root = workdir / "kubelet"
@@ -86,6 +88,8 @@ class DriverRig:
             self.cdi_dir,
             wipe_slices=lambda node, driver: self.store.delete_resource_slices(node, driver),
             poll_interval=0.02,
+            resource_health=resource_health,
+            health_retry_s=0.1,
         )
 
     def start(self) -> "DriverRig":

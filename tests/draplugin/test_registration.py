@@ -34,7 +34,13 @@ def test_get_info_names_the_driver_its_dra_socket_and_v1_first(node):
     assert info.name == DRIVER
     assert info.endpoint == str(node.root / "plugins" / DRIVER / "dra.sock")
     assert os.path.isabs(info.endpoint) and stat.S_ISSOCK(os.stat(info.endpoint).st_mode)
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    # DRAPlugin versions first (the kubelet takes the first it knows), then the
+    # optional health stream (DRA-INTERFACES §1).
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1alpha1.DRAResourceHealth",
+    ]
     assert list(SUPPORTED_VERSIONS) == list(info.supported_versions)
 
 

@@ -42,3 +42,31 @@ def test_a_mock_backend_without_gpus_is_refused_naming_the_flag(parser):
     args = parser().parse_args(["--node-name=n1", "--backend=mock", "--mock-gpus="])
     with pytest.raises(ValueError, match="--backend mock needs --mock-gpus"):
         build_backend(args)
+
+
+def test_a_health_change_a_discovery_read_first_is_still_announced(tmp_path):
+    """The DRA driver rediscovers its GPUs while the health watch polls the same file:
+    whichever reads the change first, the listeners hear of it (with the reason)."""
+    import threading
+
+    from gpushare.gpunode.backends.port import HealthChange
+
+    health = tmp_path / "unhealthy"
+    backend = MockBackend.from_layout("2x16GiB", "n1", health, poll_interval=0.01)
+    heard: list[HealthChange] = []
+    stop = threading.Event()
+    watch = threading.Thread(target=backend.watch_health, args=(heard.append, stop))
+    watch.start()
+    try:
+        health.write_text("1\n")
+        assert [g.gpu.healthy for g in backend.discover()] == [True, False]  # read here first
+        deadline = threading.Event()
+        for _ in range(200):
+            if any(not c.healthy for c in heard):
+                break
+            deadline.wait(0.01)
+        assert [(c.index, c.healthy) for c in heard if not c.healthy] == [(1, False)]
+        assert heard[-1].reason == f"listed in {health}"
+    finally:
+        stop.set()
+        watch.join()

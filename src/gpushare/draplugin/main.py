@@ -21,6 +21,7 @@ from typing import Final
 from gpushare.cluster import Cluster, ClusterError, DraCluster
 from gpushare.commandline import add_version_flag, exit_status
 from gpushare.draplugin.books import PreparedClaims
+from gpushare.draplugin.health import HealthService
 from gpushare.draplugin.metrics import DriverMetrics
 from gpushare.draplugin.node import DriverNode
 from gpushare.draplugin.preparer import Preparer
@@ -140,7 +141,7 @@ def build(
     interposer = InterposerMounts(args.interposer_dir) if args.interposer_dir else None
     preparer = Preparer(node, cluster, dra, books, backend, args.cdi_dir, interposer, metrics)
     socket = dra_socket(args.kubelet_root / "plugins", DRIVER_NAME)
-    server = DraServer(socket, preparer)
+    server = DraServer(socket, preparer, HealthService(node))
     registration = RegistrationServer(args.kubelet_root / "plugins_registry", DRIVER_NAME, socket)
     return Driver(
         node, publisher, server, registration, backend, cluster, threading.Event(), metrics

@@ -1,6 +1,6 @@
 """What the driver knows of its node: the GPUs the backend found, their health, and the
-node's labels (its sharing mode), as immutable snapshots the preparer and the publisher
-read. A change wakes the publisher."""
+node's labels (its sharing mode), as immutable snapshots the preparer, the publisher
+and the health stream read. A change wakes the publisher and the health stream."""
 
 import threading
 from collections.abc import Callable, Mapping
@@ -17,6 +17,8 @@ class NodeSnapshot:
     uid: str = ""
     physical: tuple[PhysicalGpu, ...] = ()
     unhealthy: frozenset[int] = frozenset()
+    why_unhealthy: Mapping[int, str] = field(default_factory=dict)
+    """What the backend said when each unhealthy GPU went so (the health stream's message)."""
     labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -48,6 +50,8 @@ class DriverNode:
 
     def __init__(self, name: str) -> None:
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._version = 0
         self._snapshot = NodeSnapshot(name)
         self._on_change: Callable[[], None] = lambda: None
 
@@ -59,6 +63,22 @@ class DriverNode:
         with self._lock:
             return self._snapshot
 
+    def versioned(self) -> tuple[int, NodeSnapshot]:
+        """The snapshot and its version, which every change increments."""
+        with self._lock:
+            return self._version, self._snapshot
+
+    def wait_changed(self, seen: int, timeout: float) -> None:
+        """Returns once the version is past `seen`, at wake(), or after `timeout` seconds."""
+        with self._changed:
+            if self._version == seen:
+                self._changed.wait(timeout)
+
+    def wake(self) -> None:
+        """Wakes every wait_changed (a watcher that is going away)."""
+        with self._changed:
+            self._changed.notify_all()
+
     def set_gpus(self, physical: tuple[PhysicalGpu, ...]) -> None:
         self._update(physical=physical)
 
@@ -68,16 +88,22 @@ class DriverNode:
     def health_changed(self, change: HealthChange) -> None:
         with self._lock:
             unhealthy = set(self._snapshot.unhealthy)
+            why = dict(self._snapshot.why_unhealthy)
         if change.healthy:
             unhealthy.discard(change.index)
+            why.pop(change.index, None)
         else:
             unhealthy.add(change.index)
-        self._update(unhealthy=frozenset(unhealthy))
+            why[change.index] = change.reason
+        self._update(unhealthy=frozenset(unhealthy), why_unhealthy=why)
 
     def _update(self, **changes: object) -> None:
         with self._lock:
             before = self._snapshot
             self._snapshot = replace(before, **changes)  # type: ignore[arg-type]
             changed = self._snapshot != before
+            if changed:
+                self._version += 1
+                self._changed.notify_all()
         if changed:
             self._on_change()

@@ -14,6 +14,7 @@ from typing import Final
 
 import grpc
 
+from gpushare.draplugin.health import SERVICE as HEALTH_SERVICE
 from gpushare.draplugin.unixserver import UnixServer
 from gpushare.kubeletapi.pluginregistration.v1 import api_pb2 as reg
 from gpushare.kubeletapi.pluginregistration.v1 import api_pb2_grpc as reg_grpc
@@ -21,8 +22,10 @@ from gpushare.kubeletapi.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 log = logging.getLogger(__name__)
 
 PLUGIN_TYPE: Final = "DRAPlugin"
-SUPPORTED_VERSIONS: Final = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-"""gRPC service names, preferred first: a 1.34 kubelet knows only v1beta1."""
+SUPPORTED_VERSIONS: Final = ("v1.DRAPlugin", "v1beta1.DRAPlugin", HEALTH_SERVICE)
+"""gRPC service names, preferred first (the kubelet takes the first DRAPlugin it knows);
+then the optional health stream (health.py), which a kubelet with ResourceHealthStatus
+watches."""
 
 
 def registration_socket(plugins_registry: Path, driver: str) -> Path:

@@ -18,7 +18,9 @@ from typing import Any, Final, Protocol, TypeVar
 
 import grpc
 
+from gpushare.draplugin.health import MAX_STREAMS, SERVICE, HealthService
 from gpushare.draplugin.unixserver import UnixServer
+from gpushare.kubeletapi.dra.health.v1alpha1 import api_pb2_grpc as health_grpc
 from gpushare.kubeletapi.dra.v1 import api_pb2 as dra1
 from gpushare.kubeletapi.dra.v1 import api_pb2_grpc as dra1_grpc
 from gpushare.kubeletapi.dra.v1beta1 import api_pb2 as dra1beta1
@@ -28,7 +30,8 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 WORKERS: Final = 4
-"""Calls for different pods may come at once (§3); a few at a time is plenty."""
+"""Calls for different pods may come at once (§3); a few at a time is plenty (the
+health streams get workers of their own)."""
 MAX_CALLS: Final = 64
 """Calls running or waiting for a worker; beyond: RESOURCE_EXHAUSTED, which the kubelet
 retries at the pod's next sync."""
@@ -191,9 +194,13 @@ class _Version:
 
 
 class DraServer:
-    def __init__(self, socket_path: Path, preparer: ClaimPreparer) -> None:
+    def __init__(
+        self, socket_path: Path, preparer: ClaimPreparer, health: HealthService | None = None
+    ) -> None:
+        """`health`: the health stream, served on the same socket (health.py)."""
         self._claims = ClaimService(preparer)
-        self._server = UnixServer(socket_path, "dra", WORKERS, MAX_CALLS)
+        self._health = health
+        self._server = UnixServer(socket_path, "dra", WORKERS + MAX_STREAMS, MAX_CALLS)
 
     @property
     def socket_path(self) -> Path:
@@ -201,7 +208,8 @@ class DraServer:
 
     def start(self) -> None:
         self._server.start(self._add_services)
-        log.info("serving v1.DRAPlugin and v1beta1.DRAPlugin on %s", self.socket_path)
+        served = ", ".join(["v1.DRAPlugin", "v1beta1.DRAPlugin"] + [SERVICE] * bool(self._health))
+        log.info("serving %s on %s", served, self.socket_path)
 
     def stop(self, grace: float = 1.0) -> None:
         self._server.stop(grace)
@@ -211,3 +219,5 @@ class DraServer:
         dra1beta1_grpc.add_DRAPluginServicer_to_server(
             _Version(self._claims, dra1beta1, False), server
         )
+        if self._health is not None:
+            health_grpc.add_DRAResourceHealthServicer_to_server(self._health, server)

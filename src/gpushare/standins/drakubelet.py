@@ -27,6 +27,7 @@ import grpc
 
 from gpushare.cluster import DraCluster, NotFound
 from gpushare.standins.cdi import CdiError, ContainerEdits, resolve
+from gpushare.standins.drahealth import DeviceHealth, HealthWatcher
 from gpushare.standins.pluginwatcher import (
     APIS,
     ClaimAnswer,
@@ -103,7 +104,11 @@ class DraKubeletStandIn:
         versions: Sequence[str] = tuple(APIS),
         disconnect_grace_s: float = DISCONNECT_GRACE,
         poll_interval: float = 0.05,
+        resource_health: bool = False,
+        health_retry_s: float = 5.0,
     ) -> None:
+        """`resource_health`: gate ResourceHealthStatus (on from 1.36): watch the health
+        stream of a driver that serves one (drahealth.py)."""
         self.root = root
         self.node_name = node_name
         self.cdi_dir = cdi_dir
@@ -116,9 +121,13 @@ class DraKubeletStandIn:
             lambda driver: self._wipe(node_name, driver),
             disconnect_grace_s,
             poll_interval,
+            self._registered,
         )
         self._lock = threading.Lock()
         self._checkpoint: dict[str, _ClaimInfo] = {}
+        self._resource_health = resource_health
+        self._health_retry_s = health_retry_s
+        self._health: dict[str, HealthWatcher] = {}
 
     # ----- lifecycle
 
@@ -129,12 +138,37 @@ class DraKubeletStandIn:
 
     def stop(self) -> None:
         self._watcher.stop()
+        with self._lock:
+            watchers, self._health = list(self._health.values()), {}
+        for watcher in watchers:
+            watcher.stop()
+
+    def _registered(self, registration: PluginRegistration) -> None:
+        """The newest plugin of a driver serves its health stream."""
+        if not (self._resource_health and registration.health):
+            return
+        watcher = HealthWatcher(registration.endpoint, retry_s=self._health_retry_s)
+        with self._lock:
+            old = self._health.get(registration.driver)
+            self._health[registration.driver] = watcher
+        if old is not None:
+            old.stop()
+        watcher.start()
+
+    def health_watcher(self, driver: str) -> HealthWatcher | None:
+        with self._lock:
+            return self._health.get(driver)
+
+    def device_health(self, driver: str, pool: str, device: str) -> DeviceHealth:
+        """What the pod's status would say of the device: Unknown without a stream."""
+        watcher = self.health_watcher(driver)
+        return watcher.health(pool, device) if watcher else DeviceHealth("Unknown")
 
     def restart(self) -> None:
         """A kubelet restart: connections and registrations go, every slice of the node
         is wiped, the plugins register again from their sockets; the checkpoint stays,
         its claims to be prepared again."""
-        self._watcher.stop()
+        self.stop()
         with self._lock:
             for info in self._checkpoint.values():
                 info.prepared = False

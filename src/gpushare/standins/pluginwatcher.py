@@ -33,6 +33,8 @@ from gpushare.kubeletapi.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 log = logging.getLogger(__name__)
 
 DRA_PLUGIN: Final = "DRAPlugin"
+HEALTH_SERVICE: Final = "v1alpha1.DRAResourceHealth"
+"""Listed beside the DRAPlugin versions by a driver that serves the health stream."""
 APIS: Final[dict[str, tuple[ModuleType, ModuleType]]] = {
     "v1.DRAPlugin": (dra1, dra1_grpc),
     "v1beta1.DRAPlugin": (dra1beta1, dra1beta1_grpc),
@@ -54,6 +56,8 @@ class PluginRegistration:
     version: str
     socket: Path
     """The registration socket."""
+    health: bool = False
+    """It lists the health stream (v1alpha1.DRAResourceHealth) too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +134,7 @@ class PluginWatcher:
         on_gone: Callable[[str], None],
         grace: float,
         poll_interval: float,
+        on_registered: Callable[[PluginRegistration], None] = lambda registration: None,
     ) -> None:
         unknown = set(versions) - set(APIS)
         if unknown:
@@ -141,6 +146,7 @@ class PluginWatcher:
         """(socket name, error) of every NotifyRegistrationStatus(false) sent."""
         self.changed = threading.Condition()
         self._on_gone = on_gone
+        self._on_registered = on_registered
         self._grace = grace
         self._poll_interval = poll_interval
         self._plugins: dict[Path, _Plugin] = {}
@@ -233,6 +239,8 @@ class PluginWatcher:
                 self.registrations.append(registration)
                 log.info("registered DRA driver %s (%s)", registration.driver, registration.version)
             self.changed.notify_all()
+        if registration is not None and refusal is None:
+            self._on_registered(registration)
 
     def _validate(
         self, path: Path, info: reg.PluginInfo
@@ -253,7 +261,8 @@ class PluginWatcher:
         taken = {p.client.registration.endpoint for p in self._plugins.values()}
         if endpoint in taken:
             return None, f"endpoint {endpoint} is already registered"
-        return PluginRegistration(info.name, endpoint, version, path), None
+        health = HEALTH_SERVICE in offered
+        return PluginRegistration(info.name, endpoint, version, path, health), None
 
     def _deregister(self, path: Path) -> None:
         with self.changed:

@@ -88,8 +88,10 @@ class MockBackend:
         try:
             self._announce("mock backend state at start", force=True)
             while not stop.wait(self._poll_interval):
-                if self._read_health_file():
-                    self._announce(f"listed in {self._health_file}")
+                # Announced whether this poll or a discover() read the change: what the
+                # listeners were told last is compared, not the file's last reading.
+                self._read_health_file()
+                self._announce(f"listed in {self._health_file}")
         finally:
             with self._lock:
                 self._listeners.remove(listener)

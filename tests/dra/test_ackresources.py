@@ -1,8 +1,6 @@
 """The ACK request a DRA-mode pod was rewritten from, read back for the extender's node
 scores, and trusted only as far as the claim the pod really has."""
 
-import json
-
 import pytest
 
 from gpushare.dra.ackresources import ACK_RESOURCES, MAX_ANNOTATION, rewritten_request
@@ -41,8 +39,10 @@ def test_the_request_read_back_is_the_one_the_pod_was_made_with(original):
 
 def test_the_annotation_names_only_what_was_taken_out():
     pod_now = rewritten(pod("p", containers=[container("gpu", 3, 20), container("logger")]))
-    taken = json.loads(pod_now.metadata.annotations[ACK_RESOURCES])
-    assert taken == {"gpu": {"aliyun.com/gpu-core.percentage": "20", "aliyun.com/gpu-mem": "3"}}
+    # Compact and in a fixed order: one request, one text, well inside the bound.
+    assert pod_now.metadata.annotations[ACK_RESOURCES] == (
+        '{"gpu":{"aliyun.com/gpu-core.percentage":"20","aliyun.com/gpu-mem":"3"}}'
+    )
 
 
 def test_an_annotation_asking_more_than_the_claim_is_not_believed():
@@ -54,6 +54,13 @@ def test_an_annotation_asking_more_than_the_claim_is_not_believed():
 def test_an_annotation_without_our_claim_is_not_believed():
     plain = _annotated(pod("plain"), '{"main":{"aliyun.com/gpu-mem":"4"}}')
     assert rewritten_request(plain) is None
+
+
+def test_an_annotation_of_the_largest_length_read_is_still_read():
+    pod_now = rewritten(pod("p", mem=4))
+    text = pod_now.metadata.annotations[ACK_RESOURCES]
+    padded = _annotated(pod_now, text + " " * (MAX_ANNOTATION - len(text)))
+    assert rewritten_request(padded) == parse_pod_request(pod("p", mem=4))
 
 
 @pytest.mark.parametrize(

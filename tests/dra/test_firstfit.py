@@ -3,7 +3,7 @@ the first eligible GPUs by index, which the extender charges between kube-schedu
 bind and the driver's record. (The device choice itself: tests/simulator/test_dra.py.)"""
 
 from gpushare.allocation import UNKNOWN_BIND_TIME
-from gpushare.dra.firstfit import allocation_on
+from gpushare.dra.firstfit import SHARES_PER_GPU, DeviceLeft, allocation_on, devices_left, first_fit
 from gpushare.placement.fit import Assignment, to_allocation
 from gpushare.state import NodeState
 from tests.builders import container, node_state, request
@@ -44,3 +44,26 @@ def test_whole_gpus_and_several_containers_take_distinct_untouched_gpus():
     train, evaluate = placed.containers
     assert train.exclusive and [g.index for g in train.gpus] == [0, 2]
     assert [g.index for g in evaluate.gpus] == [1]  # a slice still fits beside "small"
+
+
+def test_each_device_left_reports_its_model_and_an_unhealthy_one_no_share():
+    state = node_state("2x16GiB:T4", unhealthy=(1,))
+    left = devices_left(state)
+    assert [(d.index, d.model) for d in left] == [(0, "T4"), (1, "T4")]
+    assert [(d.memory, d.shares) for d in left] == [(16, SHARES_PER_GPU), (0, 0)]
+
+
+def test_each_slice_of_a_claim_takes_one_share_of_its_device():
+    two = request(containers=[container("a", 1), container("b", 1)])
+    one_share_left = [
+        DeviceLeft(0, "T4", 16, 100, 1, False),
+        DeviceLeft(1, "T4", 16, 100, 20, True),
+    ]
+    fit = first_fit(one_share_left, two)
+    assert fit is not None and fit.gpus == ((0,), (1,))
+    two_shares_left = [
+        DeviceLeft(0, "T4", 16, 100, 2, False),
+        DeviceLeft(1, "T4", 16, 100, 20, True),
+    ]
+    fit = first_fit(two_shares_left, two)
+    assert fit is not None and fit.gpus == ((0,), (0,))

@@ -50,7 +50,54 @@ def test_pods_that_are_not_rewritten_claim_pods_score_zero_everywhere(cluster, s
     forged = small.model_copy(
         update={"metadata": small.metadata.model_copy(update={"annotations": said})}
     )
-    for other in (pod("ack", mem=4), pod("cpu-only"), pod("bad", mem=4, core=7), forged):
+    breaking = rewritten(pod("breaks", mem=4, core=30))  # its annotation says 33 percent
+    said = {
+        **breaking.metadata.annotations,
+        ACK_RESOURCES: '{"main":{"aliyun.com/gpu-core.percentage":"33","aliyun.com/gpu-mem":"4"}}',
+    }
+    breaking = breaking.model_copy(
+        update={"metadata": breaking.metadata.model_copy(update={"annotations": said})}
+    )
+    others = (pod("ack", mem=4), pod("cpu-only"), pod("bad", mem=4, core=7), forged, breaking)
+    for other in others:
         created = cluster.create_pod(other)  # the extender need not have seen it
         scores = s.prioritize(created, ["a", "dp"], verb="prioritize-claims")
         assert scores == {"a": 0, "dp": 0}, other.metadata.name
+
+
+def test_a_claim_pod_is_read_once_into_what_placement_needs(cluster):
+    from gpushare.extender.cache import SchedulerCache
+    from gpushare.extender.pendingpod import PendingPod
+    from gpushare.request import parse_pod_request
+
+    ask = pod(
+        "asks", mem=4, namespace="ml", priority=7,
+        annotations={"gpushare.io/placement-policy": "binpack"},
+    )  # fmt: skip
+    pending = SchedulerCache().claim_pending(rewritten(ask))
+    assert pending == PendingPod("ml/asks", "uid-asks", parse_pod_request(ask), "binpack", 7)
+    unprioritized = SchedulerCache().claim_pending(rewritten(pod("plain", mem=4)))
+    assert unprioritized is not None and unprioritized.priority == 0
+    assert unprioritized.policy is None
+
+
+def test_scoring_a_claim_pod_teaches_its_policy_the_pod_once(cluster, scheduler_for):
+    from gpushare.placement.lookahead import LookaheadFgdPolicy
+    from gpushare.placement.workload import TaskShape
+    from tests.extender.test_workload_policy import registry_with
+
+    learning = LookaheadFgdPolicy()
+    cluster.add_node(dra_node("a"))
+    cluster.add_node(dra_node("b"))
+    s = scheduler_for(default_placement=learning.name, policies=registry_with(learning))
+    epoch = learning.epoch
+    for i in range(10):  # pods that name binpack teach the default nothing
+        named = pod(f"b{i}", mem=9, annotations={"gpushare.io/placement-policy": "binpack"})
+        s.prioritize(s.submit(rewritten(named)), ["a", "b"], verb="prioritize-claims")
+    assert learning.epoch == epoch
+    for i in range(40):
+        claimed = s.submit(rewritten(pod(f"p{i}", mem=4)))
+        s.prioritize(claimed, ["a", "b"], verb="prioritize-claims")
+        s.prioritize(claimed, ["a", "b"], verb="prioritize-claims")  # a retry: learned once
+    assert learning.epoch > epoch
+    assert dict(learning.workload.tasks)[TaskShape(gpus=1, mem=4)] > 0.5

@@ -160,5 +160,33 @@ def test_a_template_the_api_refuses_refuses_the_pod_with_the_reason(served):
         response = _mutate(client, pod("denied", mem=9).to_manifest())
     finally:
         store.fail_templates = None
-    assert not response["allowed"]
-    assert "resourceclaimtemplates is forbidden" in response["status"]["message"]
+    assert response["allowed"] is False and "patch" not in response
+    status = response["status"]
+    assert (status["code"], status["reason"]) == (403, "Forbidden")
+    assert status["message"] == (
+        "gpushare cannot give pod default/denied its GPU claim: resourceclaimtemplates is forbidden"
+    )
+
+
+@pytest.mark.parametrize(
+    ("review_namespace", "pod_namespace", "expected"),
+    [("ml", "ml", "ml"), ("", "team", "team"), ("", "", "default")],
+)
+def test_the_template_is_made_in_the_pods_namespace(
+    served, review_namespace, pod_namespace, expected
+):
+    client, store = served
+    obj = pod("where", mem=11).to_manifest()
+    obj["metadata"]["namespace"] = pod_namespace
+    body = review(obj)
+    body["request"]["namespace"] = review_namespace
+    response = client.post("/mutate", json=body).json()["response"]
+    name = _applied(obj, response).spec.resource_claims[0].resource_claim_template_name
+    assert store.get_resource_claim_template(expected, name).metadata.namespace == expected
+
+
+def test_a_pod_asking_no_gpu_memory_is_admitted_unchanged(served):
+    client, _ = served
+    response = _mutate(client, pod("zero", mem=0).to_manifest())
+    assert response["allowed"] is True and "patch" not in response
+    assert response["uid"] == review(None)["request"]["uid"]

@@ -190,17 +190,18 @@ class ClusterMirror:
                 # An event from before our bind: the Binding is still on its way.
                 return record
             del self._assumed[key]
-        self._set_allocation(key, record.allocation or self._charge(key, record))
+        self._set_allocation(key, record.allocation or self._charge(record, key))
         return record
 
-    def _charge(self, key: str, record: PodRecord) -> PodAllocation | None:
+    def _charge(self, record: PodRecord, key: str | None = None) -> PodAllocation | None:
         """What a DRA-mode pod holds between kube-scheduler's bind and the driver's
         record (written at Prepare): what the allocator gives its claim on its node, the
         first eligible GPUs in slice order (dra.firstfit), against the books as they
-        stand; kept as charged once made. None for any other pod."""
+        stand; what the books charge `key` on that node already, once made. None for
+        any other pod."""
         if record.claim_request is None or not record.node:
             return None
-        charged = self.state.allocation(key)
+        charged = self.state.allocation(key) if key is not None else None
         if charged is not None and charged.node == record.node:
             return charged
         state = self.state.nodes.get(record.node)
@@ -358,7 +359,7 @@ class ClusterMirror:
                 self.state.add_pod(key, record.allocation)
         for key, record in self._pods.items():
             # After every record: the allocator's choice depends on what the node holds.
-            charged = self._charge(key, record)
+            charged = self._charge(record)
             if charged is not None:
                 self.state.add_pod(key, charged)
         for key, assumed in list(self._assumed.items()):

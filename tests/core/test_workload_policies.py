@@ -10,7 +10,12 @@ from gpushare.placement.bestfit import BestFitPolicy
 from gpushare.placement.fgd import FgdPolicy, fgd_score
 from gpushare.placement.fit import Placement, evaluate, to_allocation
 from gpushare.placement.fragmentation import Fragmentation, devices, devices_after, models
-from gpushare.placement.lookahead import LookaheadFgdPolicy, single_gpu_share, weights
+from gpushare.placement.lookahead import (
+    WIDE_SHARE,
+    LookaheadFgdPolicy,
+    single_gpu_share,
+    weights,
+)
 from gpushare.placement.policies import (
     OUR_POLICY,
     POLICIES,
@@ -21,7 +26,7 @@ from gpushare.placement.workload import PRIOR, LearnedWorkload, TaskShape, Workl
 from gpushare.request import PodRequest
 from gpushare.state import NodeState
 from tests.builders import T0, container, node_state, request
-from tests.core.test_host_resources import milli_node, sharing
+from tests.core.test_host_resources import milli_node, sharing, whole
 from tests.core.test_preemption import put
 
 # Learned on Kubernetes: shapes in GiB, no CPU.
@@ -252,7 +257,7 @@ def test_our_policy_prefers_a_node_in_use_over_an_equally_good_empty_one():
 
 def test_the_registered_policies_start_from_the_prior_and_learn():
     policy = LookaheadFgdPolicy()
-    assert policy.learns and policy.workload == PRIOR.typical_part(policy.coverage)
+    assert policy.learns and policy.workload == PRIOR.typical_part(policy.coverage, wide=WIDE_SHARE)
     epoch = policy.epoch
     for _ in range(400):
         policy.observe(request(mem=4))
@@ -428,6 +433,52 @@ def test_a_fixed_workload_is_judged_by_its_shapes_covering_95_percent():
     common, rare = TaskShape(gpus=1, mem=4), TaskShape(gpus=1, mem=12)
     policy = FgdPolicy(Workload(((common, 0.96), (rare, 0.04))))
     assert policy.workload == Workload(((common, 1.0),))
+
+
+def test_a_rare_shape_of_several_gpus_stays_once_it_asks_enough_gpus():
+    common, rare_one = TaskShape(gpus=1, mem=4), TaskShape(gpus=1, mem=12)
+    eight, two = TaskShape(gpus=8, exclusive=True), TaskShape(gpus=2, exclusive=True)
+    mix = Workload(((common, 0.955), (rare_one, 0.0255), (eight, 0.0125), (two, 0.007)))
+    assert mix.typical_part() == Workload(((common, 1.0),))
+    # 8 x 0.0125 = 0.1 GPU per pod stays; 2 x 0.007 = 0.014 stays at 0.01, not at 0.02;
+    # a single-GPU shape never does, however much it asks.
+    kept = dict(mix.typical_part(wide=0.01).tasks)
+    assert set(kept) == {common, eight, two}
+    assert kept[eight] == pytest.approx(0.0125 / 0.9745) and sum(kept.values()) == pytest.approx(1)
+    assert set(dict(mix.typical_part(wide=0.02).tasks)) == {common, eight}
+    assert mix.typical_part(wide=0.2) == mix.typical_part()
+
+
+def test_our_policy_keeps_rare_wide_shapes_fgd_drops_them():
+    common, eight = TaskShape(gpus=1, mem=4), TaskShape(gpus=8, exclusive=True)
+    mix = Workload(((common, 0.99), (eight, 0.01)))
+    assert dict(FgdPolicy(mix).workload.tasks) == {common: 1.0}
+    assert set(dict(LookaheadFgdPolicy(mix).workload.tasks)) == {common, eight}
+    assert policy_shapes(LookaheadFgdPolicy()) >= {8, 4}  # the prior's multi-GPU jobs too
+
+
+def policy_shapes(policy: LookaheadFgdPolicy) -> set[int]:
+    return {shape.gpus for shape, _ in policy.workload.tasks}
+
+
+def test_a_pod_stays_off_the_only_nodes_a_rare_8_gpu_shape_fits():
+    # 8-GPU pods asking 120 cores fit only the 128-core nodes; 0.4% of the pods, below
+    # the 95% coverage, yet 3% of the GPUs. A 1-GPU pod then takes a 96-core node.
+    small, big = whole(1, cpu=8_000), whole(8, cpu=120_000)
+    mix = Workload(
+        (
+            (TaskShape.of(small), 0.96),
+            (TaskShape.of(whole(1, cpu=30_000)), 0.036),
+            (TaskShape.of(big), 0.004),
+        )
+    )
+    policy = LookaheadFgdPolicy(mix)
+    scores = {}
+    for cores in (128_000, 96_000):
+        result = evaluate(milli_node(gpus=8, cpu=cores, memory=1 << 20).view(), small, policy)
+        assert isinstance(result, Placement)
+        scores[cores] = result.score
+    assert scores[96_000] > scores[128_000]
 
 
 def test_fgd_gives_a_pod_on_several_gpus_the_fullest_gpus_it_fits_on():

@@ -108,6 +108,14 @@ def _rounded(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def _allocated(trace: Trace, unallocated_pct: float | None) -> float | None:
+    """GPUs' worth the placed pods hold: beside the GPUs in use, it says whether a policy
+    uses fewer GPUs by packing or by placing fewer pods."""
+    if unallocated_pct is None:
+        return None
+    return trace.capacity / 1000 * (100 - unallocated_pct) / 100
+
+
 def to_json(
     trace: Trace,
     nodes_csv: Path,
@@ -137,6 +145,10 @@ def to_json(
                 str(b): _rounded(s.mean_at(b, "occupied_nodes"), 1) for b in OCCUPANCY_BINS
             },
             "used_gpus": {str(b): _rounded(s.mean_at(b, "used_gpus"), 1) for b in OCCUPANCY_BINS},
+            "allocated_gpus": {
+                str(b): _rounded(_allocated(trace, s.mean_at(b, "unallocated_pct")), 1)
+                for b in OCCUPANCY_BINS
+            },
             "pods_offered": statistics.mean(r.pods for r in s.runs),
             "wall_s": round(s.wall_s, 2),
         }

@@ -1,12 +1,20 @@
 """The demo's admission stage: bound pods get their environment from Allocate."""
 
+import math
+import time
+
+import pytest
+
 from gpushare import annotation
+from gpushare.cli.demo import admission
 from gpushare.cli.demo.admission import admit_bound_pods, render
 from gpushare.cli.demo.extender import ExtenderStage
 from gpushare.cli.main import main
 from gpushare.cluster.memory import MemoryCluster, gpu_node
-from gpushare.environment import MEM_CONTAINER, NVIDIA_VISIBLE_DEVICES
+from gpushare.deviceplugin.server import ResourceServer
+from gpushare.environment import CORE_PERCENTAGE, MEM_CONTAINER, NVIDIA_VISIBLE_DEVICES
 from gpushare.inventory import parse_layout
+from gpushare.resources import GPU_CORE
 from tests.builders import container, pod
 
 LAYOUTS = {"a": "2x16GiB", "b": "1x24GiB"}
@@ -53,3 +61,47 @@ def test_gpushare_demo_prints_the_environment_from_allocate(capsys):
     assert "gpu-node-2 default/multi-gpu-split container trainer:" in out
     assert "ALIYUN_COM_GPU_MEM_CONTAINER=4,4" in out
     assert "GPUSHARE_GPU_CORE_PERCENTAGE=30" in out
+
+
+def _core_mem_node_with_a_pod() -> MemoryCluster:
+    cluster = MemoryCluster()
+    cluster.add_node(gpu_node("a", parse_layout("1x16GiB", "a"), mode="core_mem"))
+    with ExtenderStage(cluster) as stage:
+        assert "->" in stage.submit(pod("sample", mem=2, core=30))
+    return cluster
+
+
+def _first_list_late(monkeypatch, resource: str, seconds: float) -> None:
+    """The plugin's ListAndWatch of `resource` sends its first list `seconds` after
+    the kubelet opens it, as on a loaded node (math.inf: never)."""
+    stream = ResourceServer.stream
+
+    def late(self, context):
+        if self.resource == resource:
+            until = time.monotonic() + seconds
+            while context.is_active() and time.monotonic() < until:
+                time.sleep(0.02)
+        yield from stream(self, context)
+
+    monkeypatch.setattr(ResourceServer, "stream", late)
+
+
+def test_pods_wait_for_the_device_lists_the_plugin_sends_after_registering(monkeypatch):
+    _first_list_late(monkeypatch, GPU_CORE, 0.5)
+
+    (admitted,) = admit_bound_pods(_core_mem_node_with_a_pod(), {"a": "1x16GiB"})
+
+    assert admitted.pod == "default/sample"
+    assert admitted.env[CORE_PERCENTAGE] == "30"
+
+
+def test_a_plugin_that_never_sends_its_devices_is_named(monkeypatch):
+    monkeypatch.setattr(admission, "READY_TIMEOUT", 0.3)
+    _first_list_late(monkeypatch, GPU_CORE, math.inf)
+
+    with pytest.raises(RuntimeError) as failed:
+        admit_bound_pods(_core_mem_node_with_a_pod(), {"a": "1x16GiB"})
+
+    assert str(failed.value).startswith(
+        f"device plugin of a did not advertise {GPU_CORE} within 0.3s"
+    )

@@ -3,7 +3,7 @@ gRPC sockets by the kubelet stand-in, so each container's environment comes
 from Allocate exactly as a real kubelet would hand it to the runtime."""
 
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -76,9 +76,17 @@ def _admit_on(
     try:
         if not plugin.wait_synced(READY_TIMEOUT):
             raise RuntimeError(f"device plugin of {node} did not see its node and pods")
-        wanted = set(plugin.node.snapshot().advertised)
-        if not kubelet.wait_for(lambda: wanted <= kubelet.registered(), READY_TIMEOUT):
-            raise RuntimeError(f"device plugin of {node} did not register {sorted(wanted)}")
+        wanted = plugin.node.snapshot().advertised
+        # A kubelet admits pods only against the devices a plugin's ListAndWatch has
+        # sent, which comes after Register; on a real cluster the scheduler sees the
+        # node's capacity only then. Admitting on registration alone raced that first
+        # list ("requested number of devices unavailable ... Available: 0").
+        if not kubelet.wait_for(lambda: not _unadvertised(kubelet, wanted), READY_TIMEOUT):
+            raise RuntimeError(
+                f"device plugin of {node} did not advertise "
+                f"{', '.join(_unadvertised(kubelet, wanted))} within {READY_TIMEOUT:g}s "
+                "(not registered with the kubelet, or no healthy device sent over ListAndWatch)"
+            )
         admitted = [
             ContainerEnvironment(node, c.pod, c.name, c.init, c.envs)
             for pod in pods
@@ -90,3 +98,9 @@ def _admit_on(
     finally:
         plugin.stop()
         kubelet.stop()
+
+
+def _unadvertised(kubelet: KubeletStandIn, wanted: Iterable[str]) -> list[str]:
+    """The resources of `wanted` the node offers no device of yet."""
+    registered = kubelet.registered()
+    return sorted(r for r in wanted if r not in registered or kubelet.capacity(r)[1] == 0)

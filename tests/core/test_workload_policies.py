@@ -446,7 +446,10 @@ def test_a_rare_shape_of_several_gpus_stays_once_it_asks_enough_gpus():
     assert set(kept) == {common, eight, two}
     assert kept[eight] == pytest.approx(0.0125 / 0.9745) and sum(kept.values()) == pytest.approx(1)
     assert set(dict(mix.typical_part(wide=0.02).tasks)) == {common, eight}
+    assert set(dict(mix.typical_part(wide=0.014).tasks)) == {common, eight, two}  # at it
     assert mix.typical_part(wide=0.2) == mix.typical_part()
+    # The coverage still decides the rest.
+    assert set(dict(mix.typical_part(0.97, wide=0.02).tasks)) == {common, rare_one, eight}
 
 
 def test_our_policy_keeps_rare_wide_shapes_fgd_drops_them():
@@ -455,6 +458,13 @@ def test_our_policy_keeps_rare_wide_shapes_fgd_drops_them():
     assert dict(FgdPolicy(mix).workload.tasks) == {common: 1.0}
     assert set(dict(LookaheadFgdPolicy(mix).workload.tasks)) == {common, eight}
     assert policy_shapes(LookaheadFgdPolicy()) >= {8, 4}  # the prior's multi-GPU jobs too
+
+    class Wider(LookaheadFgdPolicy):
+        coverage = 0.995
+
+    assert (
+        len(Wider(Workload(((common, 0.98), (TaskShape(gpus=1, mem=8), 0.02)))).workload.tasks) == 2
+    )
 
 
 def policy_shapes(policy: LookaheadFgdPolicy) -> set[int]:

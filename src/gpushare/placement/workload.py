@@ -103,7 +103,7 @@ class Workload:
         counts = {s: p for s, p in self.tasks if s in kept or (s.gpus > 1 and p * s.gpus >= wide)}
         if len(counts) == len(kept):
             return part
-        return Workload.typical(counts, coverage=1.0)
+        return Workload.typical(counts, 1.0)  # pragma: no mutate: coverage >= 1 keeps all
 
     def distance(self, other: "Workload") -> float:
         """Total variation distance (0 = the same, 1 = nothing in common)."""

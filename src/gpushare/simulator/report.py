@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpushare.simulator.run import RunResult
-from gpushare.simulator.trace import PodClass, Trace
+from gpushare.simulator.trace import MILLI_PER_GPU, PodClass, Trace
 
 HEADLINE_BINS = (100, 130)
 FRAG_BINS = (50, 80, 90)
@@ -113,7 +113,7 @@ def _allocated(trace: Trace, unallocated_pct: float | None) -> float | None:
     uses fewer GPUs by packing or by placing fewer pods."""
     if unallocated_pct is None:
         return None
-    return trace.capacity / 1000 * (100 - unallocated_pct) / 100
+    return trace.capacity / MILLI_PER_GPU * (100 - unallocated_pct) / 100
 
 
 def to_json(
@@ -171,7 +171,7 @@ def to_json(
             "pods": str(pods_csv),
             "node_count": len(trace.nodes),
             "pod_count": len(trace.pods),
-            "gpus": trace.capacity // 1000,
+            "gpus": trace.capacity // MILLI_PER_GPU,
             "requested_pct": round(100 * trace.requested / trace.capacity, 2),
         },
         "inflation": inflation,

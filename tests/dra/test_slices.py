@@ -115,3 +115,27 @@ def test_an_api_server_without_consumable_capacity_drops_the_sharing_silently():
     device = stored.spec.devices[0]
     assert not device.allow_multiple_allocations
     assert device.capacity[MEMORY].request_policy is None
+
+
+def test_a_first_slice_is_generation_zero_owned_through_the_core_api():
+    published = node_slice(NODE, GPUS, NodeMode.CGPU, True)
+    assert published.spec.pool.generation == 0
+    (owner,) = published.metadata.owner_references
+    assert owner.api_version == "v1"
+
+
+@pytest.mark.parametrize("sharing", [True, False])
+def test_a_node_without_a_sharing_mode_publishes_exclusive_devices_with_their_identity(sharing):
+    device = _devices(None, sharing)["gpu-0"]
+    assert {k: a.value for k, a in device.attributes.items()} == {
+        "uuid": "GPU-a",
+        "index": 0,
+        "mode": "exclusive",
+        "model": "Tesla-T4",
+    }
+
+
+def test_a_model_name_is_cut_to_the_attribute_limit():
+    long = "NVIDIA-" + "X" * 70
+    (device,) = node_slice(NODE, (Gpu(0, "GPU-a", 15, long),), NodeMode.CGPU, True).spec.devices
+    assert device.attributes["model"].value == long[:64]

@@ -8,6 +8,7 @@ import pytest
 from gpushare.dra.claims import (
     CORES,
     DEVICE_CLASS,
+    DRIVER,
     GIB,
     MEMORY,
     SHARED_SELECTOR,
@@ -15,13 +16,15 @@ from gpushare.dra.claims import (
     AllocationError,
     DeviceResult,
     claim_requests,
+    container_places,
+    device_class,
     device_index,
     pod_allocation,
     template_name,
     template_spec,
 )
 from gpushare.inventory import Gpu
-from gpushare.request import parse_pod_request
+from gpushare.request import ContainerRole, parse_pod_request
 from tests.builders import pod
 
 GPUS = {0: Gpu(0, "GPU-a", 15), 1: Gpu(1, "GPU-b", 15)}
@@ -142,3 +145,62 @@ def test_a_result_holding_every_share_of_a_shared_gpu_holds_it_whole():
     one_share = _result(memory=15 * GIB, cores=0, shares=1)
     (container,) = pod_allocation([one_share], GPUS, "n", AT, lambda r: ["c"]).containers
     assert not container.exclusive
+
+
+@pytest.mark.parametrize(
+    "limits, name",
+    [
+        ({"mem": 4}, "gpushare-c2abde0dba"),
+        ({"mem": 4, "core": 30}, "gpushare-1248be29a5"),
+        ({"count": 2}, "gpushare-d669a93098"),
+    ],
+)
+def test_a_shapes_template_keeps_its_name_across_releases(limits, name):
+    # The webhook points pods at these names: a release that renamed them would leave
+    # every template already in the cluster behind and create a second one per shape.
+    assert template_name(_requests(**limits)) == name
+
+
+def test_sidecars_are_init_containers_that_always_restart():
+    spec = pod(
+        "p",
+        init_containers=[
+            {"name": "fetch", "resources": {}},
+            {"name": "proxy", "restartPolicy": "Always", "resources": {}},
+        ],
+    )
+    places = container_places(spec)
+    assert places["fetch"] == (ContainerRole.INIT, 0)
+    assert places["proxy"] == (ContainerRole.SIDECAR, 1)
+    assert places["main"] == (ContainerRole.APP, 0)
+
+
+def test_each_request_is_named_after_the_container_that_uses_it():
+    users = {"first": ["trainer"], "second": ["evaluator"]}.__getitem__
+    results = [_result(request="first", device="gpu-0"), _result(request="second")]
+    allocation = pod_allocation(results, GPUS, "n", AT, users)
+    assert [c.name for c in allocation.containers] == ["trainer", "evaluator"]
+
+
+def test_a_gpu_held_whole_records_all_its_memory_whatever_the_result_consumed():
+    everything = _result(memory=4 * GIB, cores=0, shares=20)
+    (container,) = pod_allocation([everything], GPUS, "n", AT, lambda r: ["c"]).containers
+    assert container.exclusive and container.gpus[0].mem == 15
+
+
+def test_a_shared_result_without_memory_consumed_records_the_gpus_memory():
+    allocation = pod_allocation([_result(memory=None)], GPUS, "n", AT, lambda r: ["c"])
+    assert allocation.containers[0].gpus[0].mem == 15
+
+
+def test_all_of_a_gpus_compute_is_a_valid_share():
+    allocation = pod_allocation([_result(cores=100)], GPUS, "n", AT, lambda r: ["c"])
+    assert allocation.containers[0].gpus[0].core == 100
+    with pytest.raises(AllocationError, match="101 percent"):
+        pod_allocation([_result(cores=101)], GPUS, "n", AT, lambda r: ["c"])
+
+
+def test_the_device_class_selects_every_device_of_this_driver():
+    (selector,) = device_class().spec.selectors
+    assert selector.cel.expression == f'device.driver == "{DRIVER}"'
+    assert device_class().metadata.name == DEVICE_CLASS

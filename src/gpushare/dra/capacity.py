@@ -129,5 +129,6 @@ def fits(
 
 
 def _quantity(units: int) -> str:
-    """A number of base units as a person reads it: 16Gi for bytes, 20 for shares."""
-    return format_quantity(units, binary=True) if units and units % 1024 == 0 else str(units)
+    """A number of base units as a person reads it: 16Gi for bytes, 20 for shares
+    (format_quantity writes a number no binary suffix divides as it is)."""
+    return format_quantity(units, binary=True)

@@ -146,6 +146,23 @@ def test_what_the_claim_itself_took_counts_against_its_later_requests():
     assert devices(both) == ["gpu-0", "gpu-1"]
 
 
+def test_every_earlier_request_of_the_claim_counts_against_a_later_one():
+    node = ledger(shared_gpu(0), shared_gpu(1))
+    # a and b leave gpu-0 3Gi: c's 4Gi goes on, though it fits beside b's 4Gi alone.
+    three = node.allocate(
+        claim(gpus("a", memory=8 * GI), gpus("b", memory=4 * GI), gpus("c", memory=4 * GI))
+    )
+    assert devices(three) == ["gpu-0", "gpu-0", "gpu-1"]
+
+
+def test_other_claims_and_the_claims_own_requests_count_together():
+    node = ledger(shared_gpu(0), shared_gpu(1))
+    allocated(node.allocate(claim(gpus("held", memory=8 * GI))))
+    # gpu-0 has 7Gi left: a's 4Gi fits there, b's 4Gi beside it does not.
+    pair = node.allocate(claim(gpus("a", memory=4 * GI), gpus("b", memory=4 * GI)))
+    assert devices(pair) == ["gpu-0", "gpu-1"]
+
+
 def test_a_claims_requests_may_fill_a_device_exactly():
     node = ledger(shared_gpu(0), shared_gpu(1))
     both = node.allocate(claim(gpus("a", memory=8 * GI), gpus("b", memory=7 * GI)))
@@ -157,6 +174,15 @@ def test_distinct_attribute_keeps_the_claims_requests_on_different_devices():
     pair = claim(gpus("a", memory=GI), gpus("b", memory=GI), distinct=(uuid,))
     assert devices(ledger(shared_gpu(0), shared_gpu(1)).allocate(pair)) == ["gpu-0", "gpu-1"]
     assert "not all together" in unfit(ledger(shared_gpu(0)).allocate(pair))
+
+
+def test_requests_that_fit_alone_but_not_together_are_told_so():
+    uuid = DistinctAttribute("gpu.gpushare.io/uuid")
+    pair = claim(gpus("a", memory=GI), gpus("b", memory=GI), distinct=(uuid,))
+    assert unfit(ledger(shared_gpu(0)).allocate(pair)) == (
+        "each request can be served alone, but not all together (devices of one "
+        "request are distinct, exclusive devices serve one request, and constraints hold)"
+    )
 
 
 def test_distinct_attribute_binds_only_the_requests_it_names():
@@ -206,6 +232,15 @@ def test_an_exclusive_device_serves_one_request_of_a_claim():
         "gpu-0",
         "gpu-1",
     ]
+
+
+def test_a_refusal_names_every_matching_device_and_why_it_cannot_serve():
+    node = ledger(exclusive_gpu(0), exclusive_gpu(1))
+    allocated(node.allocate(claim(gpus("main", count=2))))
+    assert unfit(node.allocate(claim(gpus("main")))) == (
+        "request 'main' needs 1 device(s), 0 of the 2 matching can serve it: "
+        "gpu-0 is held by another claim; gpu-1 is held by another claim"
+    )
 
 
 def test_capacity_requests_filter_exclusive_devices():
@@ -356,6 +391,15 @@ def test_releasing_what_is_not_held_is_an_error():
         node.release(Allocation((Result("m", DRIVER, "node-a", "gpu-0", "ghost", {"shares": 1}),)))
     with pytest.raises(ValueError, match="not held whole"):
         node.release(Allocation((Result("m", DRIVER, "node-b", "gpu-1"),)))
+
+
+def test_a_share_is_released_once():
+    node = ledger(shared_gpu(0))
+    share = allocated(node.allocate(claim(gpus("main", memory=GI))))
+    node.release(share)
+    with pytest.raises(ValueError, match="holds no share share-1"):
+        node.release(share)
+    assert node.used(node.devices[0]) == {"memory": 0, "cores": 0, "shares": 0}
 
 
 def test_a_copy_allocates_without_touching_the_original():

@@ -72,6 +72,7 @@ EVERY_POLICY = [ERR_POLICY, f"{ERR_DEV0}.capacity.cores.requestPolicy", ERR_SHAR
         (at("spec.driver", "GPU.gpushare.io"), ["spec.driver"]),
         (at("spec.pool.name", ""), ["spec.pool.name"]),
         (at("spec.pool.name", "n" * 254), ["spec.pool.name"]),
+        (at("spec.pool.name", f"{'n' * 126}/{'n' * 127}"), ["spec.pool.name"]),
         (at("spec.pool.name", "/".join(["n" * 63] * 4)), ["spec.pool.name"]),
         (at("spec.pool.name", "rack-1//n1"), ["spec.pool.name"]),
         (at("spec.pool.name", "Rack/n1"), ["spec.pool.name"]),
@@ -109,7 +110,12 @@ EVERY_POLICY = [ERR_POLICY, f"{ERR_DEV0}.capacity.cores.requestPolicy", ERR_SHAR
         (at(f"{SHARES}.validValues", ["1", "1", "20"]), [f"{ERR_SHARES}.validValues[1]"]),
         (at(f"{SHARES}.validValues", ["1", "21"]), [f"{ERR_SHARES}.validValues[1]"]),
         (at(f"{SHARES}.validValues", ["1", "x", "20"]), [f"{ERR_SHARES}.validValues[1]"]),
+        (
+            at(f"{SHARES}.validValues", ["1", "x", "21"]),
+            [f"{ERR_SHARES}.validValues[1]", f"{ERR_SHARES}.validValues[2]"],
+        ),
         (at(f"{SHARES}.default", "2"), [f"{ERR_SHARES}.default"]),
+        ((at(POLICY, GONE), at(f"{SHARES}.default", "2")), [f"{ERR_SHARES}.default"]),
         (
             at(f"{SHARES}.validValues", [str(v) for v in range(1, 12)]),
             [f"{ERR_SHARES}.validValues"],
@@ -169,6 +175,7 @@ def test_one_violation_names_its_field(changes, paths):
         at(f"{SHARES}.validValues", ["1", "20"]),
         (at(f"{RANGE}.step", "2Gi"), at(f"{POLICY}.default", "15Gi")),
         (at(f"{RANGE}.step", "15Gi"), at(f"{POLICY}.default", "1Gi")),
+        at(f"{DEV0}.capacity.cores.requestPolicy.validRange.step", "1"),
         at(f"{RANGE}.max", "16Gi"),
         (at(f"{RANGE}.min", "16Gi"), at(f"{RANGE}.step", GONE)),
         (at(f"{RANGE}.min", "16Gi"), at(f"{RANGE}.max", "16Gi"), at(f"{RANGE}.step", GONE)),
@@ -212,6 +219,11 @@ def test_values_at_the_limits_pass(changes):
             "required, got 2",
         ),
         (
+            at("spec.nodeName", GONE),
+            "spec: exactly one of nodeName, nodeSelector, allNodes, perDeviceNodeSelection is "
+            "required, got 0",
+        ),
+        (
             at("spec.sharedCounters", [{"name": "s", "counters": {}}]),
             "spec: devices and sharedCounters cannot be set in the same slice",
         ),
@@ -225,6 +237,12 @@ def test_values_at_the_limits_pass(changes):
             at(ATTRS, {"int": 1}, key="a-b"),
             f"{ERR_ATTRS}.a-b: invalid name: must be a C identifier of at most 32 characters, "
             "optionally prefixed by a DNS subdomain of at most 63 characters and a slash",
+        ),
+        (
+            at(f"{DEV0}.capacity", {"value": "1"}, key="a-b"),
+            f"{ERR_DEV0}.capacity.a-b: invalid name: must be a C identifier of at most 32 "
+            "characters, optionally prefixed by a DNS subdomain of at most 63 characters and a "
+            "slash",
         ),
         (
             at(f"{ATTRS}.uuid", {}),
@@ -364,6 +382,14 @@ def test_an_update_is_validated_as_a_slice_too():
     assert [e.path for e in validate_resource_slice_update(bad, old)] == ["spec.devices[0].name"]
 
 
+def test_an_update_is_validated_under_the_servers_release():
+    shared = at("spec.sharedCounters", [{"name": "s", "counters": {}}])
+    old = ResourceSlice.model_validate(slice_doc())
+    new = ResourceSlice.model_validate(changed(slice_doc(), shared))
+    assert validate_resource_slice_update(new, old, ApiGates.of(ApiRelease.V1_34)) == []
+    assert [e.path for e in validate_resource_slice_update(new, old)] == ["spec"]
+
+
 # ----- ResourceClaim
 
 
@@ -384,6 +410,7 @@ def test_the_claims_gpushare_makes_are_valid():
         (at(f"{REQ0}.firstAvailable", [{"name": "a", **exact()}]), [ERR_REQ0]),
         (at(f"{REQ0}.exactly.deviceClassName", ""), [f"{ERR_REQ0}.exactly.deviceClassName"]),
         (at(f"{REQ0}.exactly.deviceClassName", "GPU"), [f"{ERR_REQ0}.exactly.deviceClassName"]),
+        (at(f"{REQ0}.exactly.deviceClassName", "d" * 254), [f"{ERR_REQ0}.exactly.deviceClassName"]),
         (at(f"{REQ0}.exactly.allocationMode", "Most"), [f"{ERR_REQ0}.exactly.allocationMode"]),
         (at(f"{REQ0}.exactly.allocationMode", "All"), [f"{ERR_REQ0}.exactly.count"]),
         (at(f"{REQ0}.exactly.count", 0), [f"{ERR_REQ0}.exactly.count"]),
@@ -459,6 +486,7 @@ def test_one_violation_of_a_claim_names_its_field(changes, paths):
         at("spec.devices.constraints", [{"distinctAttribute": "gpu.gpushare.io/uuid"}] * 32),
         at("spec.devices.constraints", [{"matchAttribute": "example.com/model"}]),
         at(f"{REQ0}.name", "m" * 63),
+        at(f"{REQ0}.exactly.deviceClassName", "d" * 253),
     ],
 )
 def test_claims_at_the_limits_pass(changes):
@@ -470,6 +498,16 @@ def test_claims_at_the_limits_pass(changes):
     ("changes", "error"),
     [
         (at(f"{REQ0}.name", ""), f"{ERR_REQ0}.name: required"),
+        (
+            at(f"{REQ0}.name", "Main"),
+            f"{ERR_REQ0}.name: invalid value 'Main': must be a lowercase RFC 1123 label of at "
+            "most 63 characters",
+        ),
+        (
+            (at(f"{REQ0}.exactly", GONE), at(f"{REQ0}.firstAvailable", [{"name": "A", **exact()}])),
+            f"{ERR_REQ0}.firstAvailable[0].name: invalid value 'A': must be a lowercase RFC 1123 "
+            "label of at most 63 characters",
+        ),
         (
             at(f"{REQ0}.exactly", GONE),
             f"{ERR_REQ0}: exactly one of exactly, firstAvailable is required",

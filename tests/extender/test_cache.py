@@ -16,6 +16,7 @@ from gpushare.labels import NodeMode
 from gpushare.objects import Node, PodStatus
 from gpushare.placement.lookahead import LookaheadFgdPolicy
 from gpushare.placement.policies import POLICIES, BinpackPolicy
+from gpushare.placement.workload import TaskShape
 from gpushare.request import PodRequest
 from gpushare.state import NodeState
 from tests.builders import T0, being_deleted, node, pod, request
@@ -241,6 +242,25 @@ def test_each_cache_teaches_policy_objects_of_its_own():
     teach(first, None)
     assert len(made) == 2
     assert made[0].epoch > 0 and made[1].epoch == 0
+
+
+def test_the_policies_are_told_of_every_node_as_it_joins_changes_and_leaves():
+    # Nodes in the same state are evaluated once for all of them: what a learning policy
+    # weighs rare shapes by (placement/supply.py) comes from the listing and the watch.
+    learning = learns_on_filter()
+    cache = SchedulerCache(PolicyChoice({**POLICIES, learning.name: lambda: learning}, "binpack"))
+    cache.replace_nodes([node(f"n{i}", "8x16GiB") for i in range(3)] + [node("small", "1x16GiB")])
+    cache.replace_pods([])
+    eight = TaskShape(gpus=8, exclusive=True)
+    assert len(learning.supply) == 4 and learning.supply.share(eight) == 1.0
+    cache.apply_node(EventType.MODIFIED, node("n0", "4x16GiB"))
+    assert len(learning.supply) == 4 and learning.supply.share(TaskShape(gpus=4)) == 1.0
+    cache.apply_node(EventType.DELETED, node("n1", "8x16GiB"))
+    cache.apply_node(EventType.ADDED, node("late", "2x16GiB"))
+    assert len(learning.supply) == 4
+    cache.replace_nodes([node("n2", "8x16GiB")])  # a relisting forgets the nodes not in it
+    cache.replace_pods([])
+    assert len(learning.supply) == 1
 
 
 def test_a_bind_reserves_only_what_still_fits():

@@ -105,3 +105,27 @@ def test_used_gpus_count_each_gpu_of_a_node_once_however_many_pods_share_it(tmp_
     result = simulate(trace, PolicyChoice.parse("binpack"), seed=42, inflation=0.7)
     used = [b.used_gpus for _, b in sorted(result.bins.items())]
     assert used == [1, 1, 3] and all(b.occupied_nodes == 1 for b in result.bins.values())
+
+
+def test_a_learning_policy_is_told_of_every_node_before_the_first_pod(sharing_trace, monkeypatch):
+    # What it weighs rare multi-GPU shapes by (placement/supply.py); the paper's scheduler
+    # evaluates every node, kube-scheduler's sample need not.
+    from gpushare.placement.lookahead import LookaheadFgdPolicy
+
+    told: list[tuple[str, int | None, int]] = []
+    seen = LookaheadFgdPolicy.node_seen
+
+    def record(self, node):
+        told.append((node.node, node.cpu_milli, len(node.gpus)))
+        seen(self, node)
+
+    def first_pod(self, request):
+        assert len(self.supply) == 2
+        monkeypatch.setattr(LookaheadFgdPolicy, "observe", observe)
+        observe(self, request)
+
+    observe = LookaheadFgdPolicy.observe
+    monkeypatch.setattr(LookaheadFgdPolicy, "node_seen", record)
+    monkeypatch.setattr(LookaheadFgdPolicy, "observe", first_pod)
+    simulate(sharing_trace, PolicyChoice.parse("fgd-lookahead@learned"), seed=42)
+    assert sorted(told) == [("a", 32000, 1), ("b", 32000, 1)]

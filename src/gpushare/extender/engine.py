@@ -48,6 +48,9 @@ class AnswerEngine:
         self._numbers = count()
         self._observed: BoundedMemo[str, None] = BoundedMemo(_OBSERVED_LIMIT)
         """The UIDs of the pods the policies were taught about, oldest first."""
+        self._told: set[str] = set()
+        """The nodes the policies were told of (`PlacementPolicy.node_seen`) and not yet
+        told are gone."""
 
     def observe(self, uid: str, request: PodRequest, pod_policy: str | None) -> None:
         """policy.observe(request), once per pod, for each policy that may place it."""
@@ -88,19 +91,35 @@ class AnswerEngine:
 
     def node_changed(self, name: str) -> None:
         self._tables.changed(name)
-        if name not in self._mirror.state.nodes:
+        node = self._mirror.state.nodes.get(name)
+        if node is None:
             self._node_states.pop(name, None)
+            self._told.discard(name)
+            for policy in self._policies.values():
+                policy.node_gone(name)
+        else:
+            self._told.add(name)
+            for policy in self._policies.values():
+                policy.node_seen(node.inventory)
 
     def rebuilt(self) -> None:
         """Every node may have changed: no answer is kept; once both listings are in,
         every node's state is numbered."""
         self._tables.clear()
         self._node_states = {}
+        nodes = self._mirror.state.nodes
+        for name in self._told - nodes.keys():
+            for policy in self._policies.values():
+                policy.node_gone(name)
+        self._told = set(nodes)
+        for node in nodes.values():
+            for policy in self._policies.values():
+                policy.node_seen(node.inventory)
         if self._mirror.synced:
             # Once per listing rather than in the first request after it: at 5,000 nodes
             # making every node's view and state number takes ~80 ms, which the first pod
             # would wait for on top of evaluating its shape (bench/extender_bench.py).
-            for name, node in self._mirror.state.nodes.items():
+            for name, node in nodes.items():
                 # pragma: no mutate start, another name numbers the same state: made twice
                 self._state_number(name, node.view())
                 # pragma: no mutate end

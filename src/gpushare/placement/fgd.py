@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import ClassVar, Self
 
+from gpushare.inventory import NodeGpus
 from gpushare.placement.fit import (
     Assignment,
     Placement,
@@ -34,6 +35,7 @@ from gpushare.placement.fragmentation import (
     devices_after,
     models,
 )
+from gpushare.placement.supply import Supply
 from gpushare.placement.workload import COVERAGE, LearnedWorkload, TaskShape, Workload
 from gpushare.request import PodRequest
 from gpushare.state import GpuView, NodeView
@@ -68,7 +70,10 @@ class WorkloadAwarePolicy(PlacementPolicy):
     nameless = True
 
     def __init__(self, workload: Workload | None = None) -> None:
-        self._learner = LearnedWorkload() if workload is None else None
+        self.supply = Supply()
+        """The cluster's nodes as told (`node_seen`): what a learned workload's rare
+        multi-GPU shapes are weighed by (workload.RARE_DISCOUNT)."""
+        self._learner = LearnedWorkload(share=self.supply.share) if workload is None else None
         self._predicted: deque[bool] = deque(maxlen=GUIDE_WINDOW)
         self.packing = self._learner is not None
         """Whether a slice takes the fullest GPU it fits on (`GUIDE_WINDOW`): a learning
@@ -111,6 +116,13 @@ class WorkloadAwarePolicy(PlacementPolicy):
         if changed or packing != self.packing:
             self.packing = packing
             self.epoch += 1
+
+    def node_seen(self, node: NodeGpus) -> None:
+        if self._learner is not None:
+            self.supply.seen(node)
+
+    def node_gone(self, name: str) -> None:
+        self.supply.gone(name)
 
     def gpu_key(self, gpu: GpuView, mem_after: int, core_after: int) -> tuple[int, ...]:
         # Least-sufficient GPUs first: the fullest that still fits.

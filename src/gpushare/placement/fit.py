@@ -74,6 +74,16 @@ class PlacementPolicy(ABC):
         pod at filter time). Policies that adapt to the workload override it."""
         return None
 
+    def node_seen(self, node: NodeGpus) -> None:
+        """Told of a node of the cluster (what it has, not what runs on it) when it joins
+        or changes, whether or not a pod is being placed. Policies that weigh what the
+        cluster could hold override it."""
+        return None
+
+    def node_gone(self, name: str) -> None:
+        """Told that a node left the cluster."""
+        return None
+
     @abstractmethod
     def gpu_key(self, gpu: GpuView, mem_after: int, core_after: int) -> tuple[int, ...]: ...
 

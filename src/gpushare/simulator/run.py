@@ -147,6 +147,8 @@ def simulate(
     policy = choice.policy(distribution(trace))
     arrival = arrivals(trace, seed, inflation)
     states = [NodeState(n.inventory()) for n in trace.nodes]
+    for state in states:
+        policy.node_seen(state.inventory)
     ledger = Ledger(trace.nodes)
     scheduler = Scheduler(states, arrival.rank, policy)
     cluster: KubeScheduler | None = None

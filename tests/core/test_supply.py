@@ -70,11 +70,30 @@ def test_a_node_that_changes_or_leaves_changes_the_share():
     assert supply.share(BIG) == pytest.approx(1 / 2)
     supply.seen(view("a", cpu=128_000))  # resized: both take it now
     assert supply.share(BIG) == 1.0 and len(supply) == 2
+    supply.seen(view("c"))
+    assert supply.share(BIG) == pytest.approx(2 / 3)
+    supply.gone("c")
+    assert len(supply) == 2 and supply.share(BIG) == 1.0
     supply.gone("a")
     supply.gone("never-seen")
     assert len(supply) == 1 and supply.share(BIG) == 1.0
-    supply.seen(view("c"))
-    assert supply.share(BIG) == pytest.approx(1 / 2)
+
+
+def test_a_share_is_worked_out_once_until_the_nodes_change(monkeypatch):
+    # The learned workload asks for every multi-GPU shape at each derivation; the
+    # extender tells of a node at every change of what runs on it.
+    asked: list[TaskShape] = []
+    takes = NodeSupply.takes
+    monkeypatch.setattr(NodeSupply, "takes", lambda n, s: asked.append(s) or takes(n, s))
+    supply = supply_of(view("a"), view("b", cpu=128_000))
+    assert supply.share(BIG) == supply.share(BIG) == pytest.approx(1 / 2)
+    assert len(asked) == 2  # once per node, for the first call only
+    supply.seen(view("a"))  # told again, unchanged
+    supply.share(BIG)
+    assert len(asked) == 2
+    supply.seen(view("a", cpu=128_000))
+    assert supply.share(BIG) == 1.0 and len(asked) == 4
+    assert supply.share(TaskShape(gpus=2, exclusive=True)) == 1.0 and len(asked) == 6
 
 
 def learned(share: float | None, prior: Workload) -> LearnedWorkload:

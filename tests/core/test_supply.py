@@ -174,3 +174,23 @@ def test_a_policy_keeps_the_nodes_it_is_told_of_only_while_it_learns():
     assert len(learning.supply) == 2 and len(fixed.supply) == 0
     learning.node_gone("a")
     assert len(learning.supply) == 1
+
+
+def test_the_discount_counts_in_pods_of_today_however_old_the_counts_are():
+    # half_life=1: each pod weighs twice the one before, so the weights kept inside grow
+    # as 2^n. The discount and the floor are in pods of the newest pod's weight: an 8-GPU
+    # pod that just came, discounted by 2 pods, is down to a fifth of a pod, beside the
+    # 20 small pods before it that weigh together just under one.
+    workload = LearnedWorkload(
+        Workload(((SMALL, 1.0),)),
+        prior_weight=1e-9,
+        half_life=1,
+        check_every=1,
+        tolerance=0,
+        share=lambda shape: 1.0,
+    )
+    for _ in range(20):
+        workload.observe(SMALL)
+    workload.observe(BIG)
+    small = sum(0.5**n for n in range(1, 21))
+    assert dict(workload.current.tasks)[BIG] == pytest.approx(0.2 / (small + 0.2), rel=1e-6)

@@ -263,6 +263,23 @@ def test_the_policies_are_told_of_every_node_as_it_joins_changes_and_leaves():
     assert len(learning.supply) == 1
 
 
+def test_a_pod_bound_or_gone_tells_the_policies_nothing_of_its_node(monkeypatch):
+    told: list[str] = []
+    seen = LookaheadFgdPolicy.node_seen
+    monkeypatch.setattr(
+        LookaheadFgdPolicy, "node_seen", lambda self, n: told.append(n.node) or seen(self, n)
+    )
+    cache = SchedulerCache(PolicyChoice(POLICIES, "fgd-lookahead"), assume_ttl_s=60, clock=Clock())
+    cache.replace_nodes([node("n", "1x16GiB")])
+    cache.replace_pods([])
+    told.clear()
+    gone = bound_pod(cache, "p", 10)
+    cache.apply_pod(EventType.DELETED, gone)
+    assert told == [] and used(cache) == 0
+    cache.apply_node(EventType.MODIFIED, node("n", "2x16GiB"))
+    assert told == ["n"]
+
+
 def test_a_bind_reserves_only_what_still_fits():
     cache = started()
     assume(cache, "p", 10)

@@ -19,6 +19,7 @@ from gpushare.extender.answertable import ANONYMOUS, Answers, AnswerTable, NodeF
 from gpushare.extender.mirror import ClusterMirror
 from gpushare.extender.pendingpod import PendingPod
 from gpushare.extender.policychoice import PolicyChoice
+from gpushare.inventory import NodeGpus
 from gpushare.memo import BoundedMemo
 from gpushare.placement.fit import Placement, PlacementPolicy, evaluate
 from gpushare.request import PodRequest
@@ -48,9 +49,9 @@ class AnswerEngine:
         self._numbers = count()
         self._observed: BoundedMemo[str, None] = BoundedMemo(_OBSERVED_LIMIT)
         """The UIDs of the pods the policies were taught about, oldest first."""
-        self._told: set[str] = set()
-        """The nodes the policies were told of (`PlacementPolicy.node_seen`) and not yet
-        told are gone."""
+        self._told: dict[str, NodeGpus] = {}
+        """What the policies were last told of each node (`PlacementPolicy.node_seen`):
+        a pod bound or gone changes the node but not this, and tells nothing."""
 
     def observe(self, uid: str, request: PodRequest, pod_policy: str | None) -> None:
         """policy.observe(request), once per pod, for each policy that may place it."""
@@ -94,13 +95,11 @@ class AnswerEngine:
         node = self._mirror.state.nodes.get(name)
         if node is None:
             self._node_states.pop(name, None)
-            self._told.discard(name)
-            for policy in self._policies.values():
-                policy.node_gone(name)
-        else:
-            self._told.add(name)
-            for policy in self._policies.values():
-                policy.node_seen(node.inventory)
+            if self._told.pop(name, None) is not None:
+                for policy in self._policies.values():
+                    policy.node_gone(name)
+        elif self._told.get(name) is not node.inventory:
+            self._tell(node.inventory)
 
     def rebuilt(self) -> None:
         """Every node may have changed: no answer is kept; once both listings are in,
@@ -108,13 +107,12 @@ class AnswerEngine:
         self._tables.clear()
         self._node_states = {}
         nodes = self._mirror.state.nodes
-        for name in self._told - nodes.keys():
+        for name in self._told.keys() - nodes.keys():
+            del self._told[name]
             for policy in self._policies.values():
                 policy.node_gone(name)
-        self._told = set(nodes)
         for node in nodes.values():
-            for policy in self._policies.values():
-                policy.node_seen(node.inventory)
+            self._tell(node.inventory)
         if self._mirror.synced:
             # Once per listing rather than in the first request after it: at 5,000 nodes
             # making every node's view and state number takes ~80 ms, which the first pod
@@ -129,6 +127,11 @@ class AnswerEngine:
         self._tables.clear()
 
     # ----- internals
+
+    def _tell(self, inventory: NodeGpus) -> None:
+        self._told[inventory.node] = inventory
+        for policy in self._policies.values():
+            policy.node_seen(inventory)
 
     def _placing(self, pod_policy: str | None) -> list[str]:
         """The policies that may place a pod: the one it names, else every node's."""

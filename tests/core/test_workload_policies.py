@@ -11,6 +11,7 @@ from gpushare.placement.fgd import FgdPolicy, fgd_score
 from gpushare.placement.fit import Placement, evaluate, to_allocation
 from gpushare.placement.fragmentation import Fragmentation, devices, devices_after, models
 from gpushare.placement.lookahead import (
+    WHOLE_NODE_SHARE,
     WIDE_SHARE,
     LookaheadFgdPolicy,
     single_gpu_share,
@@ -139,18 +140,46 @@ def test_single_gpu_share_counts_a_sharing_pod_as_its_gpu_and_multi_gpu_pods_by_
     assert single_gpu_share(Workload(((TaskShape(gpus=0), 1.0),))) == 1.0
 
 
+def one_and_eight_gpu_pods(share: float) -> Workload:
+    """1-GPU and 8-GPU pods, the 1-GPU ones taking `share` of the GPUs:
+    p1 / (p1 + 8 p8) = share."""
+    p8 = (1 - share) / (8 * share + 1 - share)
+    tasks = ((TaskShape(gpus=1, exclusive=True), 1 - p8), (TaskShape(gpus=8, exclusive=True), p8))
+    return Workload(tuple((shape, p) for shape, p in tasks if p > 0))
+
+
 @pytest.mark.parametrize(
     ("share", "expected"),
-    [(1.0, (2.0, 0.45)), (0.75, (1.25, 0.30)), (0.5, (0.5, 0.15)), (0.2, (0.5, 0.15))],
+    [
+        (1.0, (2.0, 0.45)),
+        (0.75, (1.25, 0.30)),
+        (0.5, (0.5, 0.15)),
+        (0.3, (0.5, 0.15)),
+        (WHOLE_NODE_SHARE, (0.5, 0.15)),
+        (0.2, (0.4, 0.12)),
+        (0.125, (0.25, 0.075)),
+        (0.0, (0.0, 0.0)),
+    ],
 )
-def test_the_weights_grow_from_half_the_gpus_on_single_gpu_pods_to_all(share, expected):
-    # share s of the GPUs on 1-GPU pods, the rest on 8-GPU pods: p1 / (p1 + 8 p8) = s.
-    p8 = (1 - share) / (8 * share + 1 - share)
-    workload = Workload(
-        ((TaskShape(gpus=1, exclusive=True), 1 - p8), (TaskShape(gpus=8, exclusive=True), p8))
-    )
+def test_the_weights_follow_the_share_of_the_gpus_on_single_gpu_pods(share, expected):
+    # The larger weights where single-GPU pods take all the GPUs, the smaller from half
+    # of them down to a quarter, then less still, to FGD's none where they take none.
+    workload = one_and_eight_gpu_pods(share)
     assert single_gpu_share(workload) == pytest.approx(share)
     assert weights(workload) == pytest.approx(expected)
+
+
+def test_where_multi_gpu_pods_dominate_a_node_is_opened_with_the_workloads_smaller_weights():
+    policy = LookaheadFgdPolicy(one_and_eight_gpu_pods(0.125))
+    assert (policy.next_weight, policy.cpu_weight) == pytest.approx((0.25, 0.075))
+    state = node_state("2x16GiB")
+    place(state, request(mem=8), policy, "a")  # what opening the node leaves it
+    view = state.view()
+    gpus, gpu_models = devices(view), models(view)
+    workloads = policy.weighed(gpu_models, None, gpus, next_weight=0.25, cpu_weight=0.075)
+    smaller = policy.weighed(gpu_models, None, gpus, next_weight=0.5, cpu_weight=0.15)
+    assert policy.opening(gpu_models, None, gpus) == pytest.approx(workloads)
+    assert workloads != pytest.approx(smaller)
 
 
 def test_learned_online_the_weights_follow_the_learned_workload():
@@ -165,7 +194,10 @@ def test_learned_online_the_weights_follow_the_learned_workload():
     for _ in range(3000):
         policy.observe(request(count=8))
     assert policy.epoch > epoch
-    assert (policy.next_weight, policy.cpu_weight) == (0.5, 0.15)
+    # Nearly all the GPUs now go to 8-GPU pods: the weights fall to nearly FGD's none.
+    assert single_gpu_share(policy.workload) < 0.05
+    assert (policy.next_weight, policy.cpu_weight) == pytest.approx(weights(policy.workload))
+    assert policy.next_weight < 0.1 and policy.cpu_weight < 0.03
 
 
 def test_our_policy_leaves_the_hole_the_next_popular_pod_fills_exactly():

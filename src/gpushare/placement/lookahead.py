@@ -90,8 +90,9 @@ takes a single GPU (`weights`). There whole nodes decide, and on multigpu50 (a s
 a look-ahead weight of 2, 2.50 with 1.5, 2.10 with 0.5. Seeds 42-44 (issue 40):
 multigpu50~1 3.14 against 3.16 (FGD 3.14), multigpu50 2.75 against 2.78 (FGD 2.73);
 no other list of the tuning and check sets reaches a share this low, and they place pod
-for pod as before. 0.5 (the weights falling from the smaller ones at once) cost
-multigpu20~1 0.04 point (2.23 against 2.20, FGD 2.22)."""
+for pod as before. Falling from a half did as well on these two but moved multigpu20
+too (its share is 0.39), and before the rare-shape discount it cost multigpu20~1 its
+lead over FGD (2.23 against 2.10, FGD 2.22)."""
 
 CPU_WEIGHT = (0.15, 0.45)
 """Weight of the stranded-GPU term, likewise. It grows with the look-ahead's because E - F
@@ -116,7 +117,7 @@ def weights(workload: Workload) -> tuple[float, float]:
     in between, in proportion. Where they take under `WHOLE_NODE_SHARE`, less still,
     down to none (FGD's terms) at none. Learned online, they follow the learned workload."""
     share = single_gpu_share(workload)
-    if share < WHOLE_NODE_SHARE:
+    if share < WHOLE_NODE_SHARE:  # pragma: no mutate: at the share itself both give (0.5, 0.15)
         scale = share / WHOLE_NODE_SHARE
         return (scale * NEXT_WEIGHT[0], scale * CPU_WEIGHT[0])
     emphasis = max(2.0 * share - 1.0, 0.0)  # the share is at most 1

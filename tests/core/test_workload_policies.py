@@ -575,3 +575,21 @@ def test_fgd_counts_a_gpu_still_open_after_the_pod_lands_as_usable():
 def test_binpack_scores_a_pod_that_fills_the_node_100():
     result = evaluate(node_state("1x16GiB").view(), request(mem=16), BinpackPolicy())
     assert isinstance(result, Placement) and result.score == 100.0
+
+
+def test_a_gpu_whose_compute_is_all_taken_has_no_room_left_whatever_memory_it_has():
+    # Room is the scarcer of memory and compute: an 8 GiB pod that took all of GPU 0's
+    # compute leaves it no room, so with GPU 1 whole the node is judged as one without
+    # pods (F alone), although GPU 0 still has 8 GiB free. Counting its memory as room
+    # would add the look-ahead (2 x E = 125 here) to a node no next pod can share.
+    policy = LookaheadFgdPolicy(
+        Workload(((TaskShape(gpus=1, mem=12), 0.5), (TaskShape(gpus=1, mem=4), 0.5)))
+    )
+    state = node_state("2x16GiB", mode="core_mem")
+    place(state, request(mem=8, core=100), policy, "a")
+    view = state.view()
+    gpus, gpu_models = devices(view), models(view)
+    assert gpus[0][0] == 0 and gpus[0][1] == 8  # no free fraction, 8 GiB of memory
+    frag = policy.fragmentation
+    assert frag.expected_next(gpu_models, None, gpus) == pytest.approx(62.5)
+    assert policy.waste(gpu_models, None, gpus) == frag.of(gpu_models, None, gpus) == 0.0

@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 
+import gpushare.placement.supply as supply_module
 from gpushare.inventory import NodeGpus
 from gpushare.placement.fgd import FgdPolicy
 from gpushare.placement.lookahead import LookaheadFgdPolicy
@@ -194,3 +195,20 @@ def test_the_discount_counts_in_pods_of_today_however_old_the_counts_are():
     workload.observe(BIG)
     small = sum(0.5**n for n in range(1, 21))
     assert dict(workload.current.tasks)[BIG] == pytest.approx(0.2 / (small + 0.2), rel=1e-6)
+
+
+def test_the_shares_kept_are_bounded_however_many_shapes_pods_bring(monkeypatch):
+    # A tenant picks its pods' CPU, so every pod may bring a shape never seen before.
+    monkeypatch.setattr(supply_module, "SHARES_LIMIT", 2)
+    asked: list[TaskShape] = []
+    takes = NodeSupply.takes
+    monkeypatch.setattr(NodeSupply, "takes", lambda n, s: asked.append(s) or takes(n, s))
+    supply = supply_of(view("a"))
+    shapes = [TaskShape.of(whole(8, cpu=cpu)) for cpu in (1_000, 2_000, 3_000)]
+    for shape in shapes:
+        assert supply.share(shape) == 1.0
+    assert len(supply._shares) == 2
+    supply.share(shapes[2])  # kept: not worked out again
+    assert len(asked) == 3
+    supply.share(shapes[0])  # the oldest went: worked out again
+    assert len(asked) == 4

@@ -95,10 +95,8 @@ class AnswerEngine:
         node = self._mirror.state.nodes.get(name)
         if node is None:
             self._node_states.pop(name, None)
-            if self._told.pop(name, None) is not None:
-                for policy in self._policies.values():
-                    policy.node_gone(name)
-        elif self._told.get(name) is not node.inventory:
+            self._forget(name)
+        else:
             self._tell(node.inventory)
 
     def rebuilt(self) -> None:
@@ -108,9 +106,7 @@ class AnswerEngine:
         self._node_states = {}
         nodes = self._mirror.state.nodes
         for name in self._told.keys() - nodes.keys():
-            del self._told[name]
-            for policy in self._policies.values():
-                policy.node_gone(name)
+            self._forget(name)
         for node in nodes.values():
             self._tell(node.inventory)
         if self._mirror.synced:
@@ -129,9 +125,18 @@ class AnswerEngine:
     # ----- internals
 
     def _tell(self, inventory: NodeGpus) -> None:
+        """Tells the policies of a node, unless they were told of this very inventory."""
+        if self._told.get(inventory.node) is inventory:
+            return
         self._told[inventory.node] = inventory
         for policy in self._policies.values():
             policy.node_seen(inventory)
+
+    def _forget(self, name: str) -> None:
+        """Tells the policies a node they were told of is gone."""
+        if self._told.pop(name, None) is not None:
+            for policy in self._policies.values():
+                policy.node_gone(name)
 
     def _placing(self, pod_policy: str | None) -> list[str]:
         """The policies that may place a pod: the one it names, else every node's."""

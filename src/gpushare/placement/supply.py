@@ -12,7 +12,12 @@ state once for all of them.
 from dataclasses import dataclass
 
 from gpushare.inventory import NodeGpus
+from gpushare.memo import BoundedMemo
 from gpushare.placement.workload import TaskShape
+
+SHARES_LIMIT = 4096
+"""Shares kept between node changes. The shapes are the pods' (a tenant picks its CPU
+request, so each pod may bring a new one): unbounded, the cache would grow with them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +48,7 @@ class Supply:
 
     def __init__(self) -> None:
         self._nodes: dict[str, NodeSupply] = {}
-        self._shares: dict[TaskShape, float] = {}
+        self._shares: BoundedMemo[TaskShape, float] = BoundedMemo(SHARES_LIMIT)
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -66,5 +71,4 @@ class Supply:
             return known
         sized = [n for n in self._nodes.values() if len(n.models) >= shape.gpus]
         share = sum(1 for n in sized if n.takes(shape)) / len(sized) if sized else 1.0
-        self._shares[shape] = share
-        return share
+        return self._shares.put(shape, share)

@@ -56,3 +56,18 @@ def test_without_an_fgd_run_nothing_is_compared_with_it():
     assert bench.versus(4.0, None) == ""
     fgd = {"unallocated_pct": {"100": {"mean": 5.0}}}
     assert bench.versus(4.0, fgd) == "vs fgd -1.00 (-20.0%)"
+
+
+def whole(failed8: float, nodes50: float) -> dict[str, dict[str, float]]:
+    return {"failed_pods_by_100": {"8-gpu": failed8}, "occupied_nodes": {"50": nodes50}}
+
+
+def test_whole_node_targets_are_named_against_the_fgd_run_given():
+    bench = _load()
+    assert bench.whole_nodes_against("x", whole(5.0, 700), whole(5.0, 700), "fgd") == []
+    assert bench.whole_nodes_against("x", whole(5.3, 700), whole(5.0, 701), "fgd@learned") == [
+        "x: more 8-GPU pods failed than under fgd@learned"
+    ]
+    assert bench.whole_nodes_against("x", whole(4.0, 724), whole(5.0, 723), "fgd") == [
+        "x: more nodes occupied at 50% than under fgd"
+    ]

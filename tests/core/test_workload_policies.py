@@ -6,6 +6,7 @@ from functools import partial
 import pytest
 
 from gpushare.errors import Refusal, Rule
+from gpushare.placement import workload
 from gpushare.placement.bestfit import BestFitPolicy
 from gpushare.placement.fgd import FgdPolicy, fgd_score
 from gpushare.placement.fit import Placement, evaluate, to_allocation
@@ -23,7 +24,13 @@ from gpushare.placement.policies import (
     BinpackPolicy,
     SpreadPolicy,
 )
-from gpushare.placement.workload import PRIOR, LearnedWorkload, TaskShape, Workload
+from gpushare.placement.workload import (
+    PRIOR,
+    SHAPES_LIMIT,
+    LearnedWorkload,
+    TaskShape,
+    Workload,
+)
 from gpushare.request import PodRequest
 from gpushare.state import NodeState
 from tests.builders import T0, container, node_state, request
@@ -350,6 +357,39 @@ def test_a_shape_down_to_a_millionth_of_a_pod_is_forgotten():
     assert old in dict(learned.current.tasks)
     learned.observe(steady)
     assert dict(learned.current.tasks) == {steady: 1.0}
+
+
+def test_past_the_limit_of_shapes_the_lighter_half_is_forgotten(monkeypatch):
+    monkeypatch.setattr(workload, "SHAPES_LIMIT", 4)
+    prior, b, c, d, e = (TaskShape(gpus=1, mem=m) for m in (1, 2, 3, 4, 5))
+    learned = LearnedWorkload(
+        Workload(((prior, 1.0),)), prior_weight=10, half_life=1e12, check_every=1, tolerance=0
+    )
+    for shape in (b, b, b, c, c, d):
+        learned.observe(shape)
+    assert learned.shapes == 4
+    # A fifth shape: the two heaviest stay (the prior's 10 pods and b's 3), then e counts.
+    learned.observe(e)
+    assert learned.shapes == 3
+    shares = dict(learned.current.tasks)
+    assert shares.keys() == {prior, b, e}
+    assert shares[prior] == pytest.approx(10 / 14) and shares[e] == pytest.approx(1 / 14)
+    # A shape counted already is counted again, whatever the count of shapes.
+    learned.observe(b)
+    assert learned.shapes == 3 and dict(learned.current.tasks)[b] == pytest.approx(4 / 15)
+
+
+def test_a_stream_of_pods_of_new_shapes_is_bounded_and_the_steady_workload_stays():
+    # Tenants choose their pods' CPU requests: one new shape a pod.
+    learned = LearnedWorkload()
+    steady = TaskShape(gpus=1, mem=4)
+    for _ in range(2000):
+        learned.observe(steady)
+    for cpu in range(2 * SHAPES_LIMIT):
+        learned.observe(TaskShape(gpus=1, mem=4, cpu_milli=1000 + cpu))
+        assert learned.shapes <= SHAPES_LIMIT
+    assert learned.shapes > SHAPES_LIMIT // 2
+    assert dict(learned.current.tasks)[steady] > 0.1
 
 
 def test_fixed_and_learning_copies_are_fresh_objects_of_the_same_class():

@@ -155,6 +155,15 @@ its weight, and those nodes stay whole for it (issue 40; docs/placement.md)."""
 RARE_FLOOR = 0.2
 """A discounted shape weighs at least this many pods (never more than it counts)."""
 
+SHAPES_LIMIT = 4096
+"""Distinct pod shapes a learned workload keeps. A shape holds the pod's CPU and memory
+requests, which tenants choose, so without a bound a stream of pods of new shapes grows
+the histogram (a decayed shape is dropped only after 40 half-lives, 200,000 pods) and the
+derivation every `check_every` pods walks all of it. Past the bound the lighter half is
+forgotten. A shape forgotten so weighed at most the median, under 1/2048 of the pods
+kept, where the rarest shape the default's target keeps for its GPUs is an 8-GPU one of
+1/400 (`lookahead.WIDE_SHARE`); the trace's lists have 86 to 260 shapes."""
+
 Share = Callable[[TaskShape], float]
 """Of the nodes with GPUs enough for a shape, the share that could take it
 (placement.supply.Supply.share)."""
@@ -169,7 +178,8 @@ class LearnedWorkload:
     64 pods and then every `check_every` pods, and adopted (`current`) only when it
     moved by more than `tolerance` (total variation), so that scores cached under
     it stay valid most of the time. Shapes whose weight decays to a millionth of a
-    pod or less are forgotten (when the weights are rescaled: every 40 half-lives).
+    pod or less are forgotten (when the weights are rescaled: every 40 half-lives), and
+    the lighter half of them once more than `SHAPES_LIMIT` are counted.
     With `share`, multi-GPU shapes are discounted as they are derived (`RARE_DISCOUNT`).
     """
 
@@ -200,7 +210,10 @@ class LearnedWorkload:
     def observe(self, shape: TaskShape) -> bool:
         """Count one pod; True when the typical workload changed materially."""
         self._unit /= self._decay
-        self._counts[shape] = self._counts.get(shape, 0.0) + self._unit
+        count = self._counts.get(shape)
+        if count is None and len(self._counts) >= SHAPES_LIMIT:
+            self._forget_lighter_half()
+        self._counts[shape] = (count or 0.0) + self._unit
         self._seen += 1
         if self._unit > 1e12:
             self._rescale()
@@ -233,6 +246,15 @@ class LearnedWorkload:
         if seen < self._check_every:
             return seen >= 8 and seen.bit_count() == 1  # a power of two
         return seen % self._check_every == 0
+
+    @property
+    def shapes(self) -> int:
+        """Distinct shapes counted now (at most `SHAPES_LIMIT`)."""
+        return len(self._counts)
+
+    def _forget_lighter_half(self) -> None:
+        heaviest = sorted(self._counts.items(), key=lambda item: item[1], reverse=True)
+        self._counts = dict(heaviest[: SHAPES_LIMIT // 2])
 
     def _rescale(self) -> None:
         unit = self._unit

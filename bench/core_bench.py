@@ -1,12 +1,16 @@
 """Core placement speed: how long one pod takes to evaluate on one node.
 
 Prints evaluate() per node-pod pair for the common shapes, on nodes that
-already carry pods, so regressions in the hot path show up as numbers.
+already carry pods, so regressions in the hot path show up as numbers; then what
+learning the workload costs per pod (`LearnedWorkload.observe`, the extender's filter
+calls it once a pod) when every pod comes in a shape of its own, as tenants can make
+them: time per pod, shapes kept and peak memory (bounded by `workload.SHAPES_LIMIT`).
 Run: .venv/bin/python bench/core_bench.py
 """
 
 import statistics
 import time
+import tracemalloc
 from datetime import UTC, datetime
 
 from gpushare.inventory import NodeGpus, parse_layout
@@ -14,6 +18,8 @@ from gpushare.labels import NodeMode
 from gpushare.objects import Pod
 from gpushare.placement.fit import Placement, evaluate, to_allocation
 from gpushare.placement.policies import BinpackPolicy
+from gpushare.placement.supply import Supply
+from gpushare.placement.workload import SHAPES_LIMIT, LearnedWorkload, TaskShape
 from gpushare.request import PodRequest, parse_pod_request
 from gpushare.state import NodeState
 
@@ -69,6 +75,24 @@ def main() -> None:
         print(
             f"  {label:<10} p50 {statistics.median(samples):6.1f} us"
             f"   p99 {samples[int(len(samples) * 0.99)]:6.1f} us"
+        )
+    learning_new_shapes()
+
+
+def learning_new_shapes(streams: tuple[int, ...] = (10_000, 50_000)) -> None:
+    print(f"learning the workload, every pod a new shape (at most {SHAPES_LIMIT} kept)")
+    for pods in streams:
+        learner = LearnedWorkload(share=Supply().share)
+        tracemalloc.start()
+        start = time.perf_counter()
+        for i in range(pods):
+            learner.observe(TaskShape(gpus=1, mem=4, cpu_milli=1000 + i))
+        took = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        print(
+            f"  {pods:>6} pods  {took / pods * 1e6:6.1f} us/pod  {learner.shapes} shapes kept"
+            f"  peak {peak / 2**20:.1f} MiB"
         )
 
 
